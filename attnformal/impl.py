@@ -1,0 +1,30 @@
+"""Loading an implementation of the protocol from a ``MODULE:FUNC`` or ``FILE.py:FUNC`` string."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from pathlib import Path
+
+
+def load_impl(target: str):
+    """The callable named by ``target``: ``package.module:func`` or ``path/to/file.py:func``."""
+    where, sep, name = target.rpartition(":")
+    if not sep or not where or not name:
+        raise ValueError(f"argument '--impl': expected MODULE:FUNC or FILE.py:FUNC, got {target!r}")
+    if where.endswith(".py"):
+        path = Path(where)
+        if not path.is_file():
+            raise ValueError(f"argument '--impl': no such file {where!r}")
+        module_spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ImportError as err:
+            raise ValueError(f"argument '--impl': cannot import {where!r}: {err}") from None
+    try:
+        return getattr(module, name)
+    except AttributeError:
+        raise ValueError(f"argument '--impl': {where!r} has no attribute {name!r}") from None

@@ -26,27 +26,41 @@ def attention_oracle(q, k, v, *, scale=None, causal=None, window=None, attn_mask
     return (out, lse) if return_lse else out
 
 
-def oracle_from_spec(spec: AttentionSpec, q, k, v):
-    """``(out, lse)`` in float64 for a validated spec."""
-    heads = spec.kv_heads(q.device)  # GQA by explicitly repeating K and V
-    q, k, v = q.double(), k.double()[:, heads], v.double()[:, heads]
+def oracle_from_spec(spec: AttentionSpec, q, k, v, dtype=torch.float64):
+    """``(out, lse)`` for a validated spec, computed in ``dtype`` (float64: the oracle).
+
+    Another ``dtype`` gives the same dense computation in that precision: the naive
+    same-dtype control that the battery's "k x the naive error" criterion compares with.
+    """
+    p, lse = oracle_probabilities(spec, q, k, dtype)
+    return oracle_output(spec, p, v), lse
+
+
+def oracle_output(spec: AttentionSpec, p, v):
+    """``out = dropout(p) @ v`` for probabilities ``p`` from :func:`oracle_probabilities`, in ``p``'s dtype."""
+    if spec.dropout_mask is not None:
+        p = p * spec.dropout_mask / (1.0 - spec.dropout_p)
+    return p @ v.to(p.dtype)[:, spec.kv_heads(p.device)]
+
+
+def oracle_probabilities(spec: AttentionSpec, q, k, dtype=torch.float64):
+    """``(p, lse)``: the attention probabilities ``[B, Hq, Sq, Sk]`` before dropout (0 at
+    disallowed keys and on empty rows) and the log-sum-exp ``[B, Hq, Sq]``, in ``dtype``."""
+    q, k = q.to(dtype), k.to(dtype)[:, spec.kv_heads(q.device)]  # GQA by explicitly repeating K
     s = spec.scale * (q @ k.transpose(-1, -2))
     if spec.softcap is not None:
         s = apply_softcap(s, spec.softcap)
     allowed = spec.allowed(q.device)
     # Shift by the row max of allowed scores; an empty row may use any finite shift.
-    m = s.masked_fill(~allowed, float("-inf")).amax(dim=-1, keepdim=True)
+    m = s.masked_fill(~allowed, float("-inf")).amax(dim=-1, keepdim=True) if s.shape[-1] else s.sum(-1, keepdim=True)
     m = torch.where(torch.isfinite(m), m, 0.0).detach()
     # Excluded entries take exp(0) in the discarded branch, so no inf or NaN reaches autograd.
     e = torch.where(allowed, torch.where(allowed, s - m, 0.0).exp(), 0.0)
     l = e.sum(dim=-1, keepdim=True)
     seen = l > 0
     l_safe = torch.where(seen, l, 1.0)
-    p = e / l_safe
     lse = torch.where(seen, m + l_safe.log(), float("-inf")).squeeze(-1)
-    if spec.dropout_mask is not None:
-        p = p * spec.dropout_mask / (1.0 - spec.dropout_p)
-    return p @ v, lse
+    return e / l_safe, lse
 
 
 def forward_backward(impl, q, k, v, grad_out, **kwargs):

@@ -1,0 +1,327 @@
+"""Adapters: existing attention kernels behind the implementation protocol.
+
+Each adapter validates the call with :meth:`AttentionSpec.from_inputs`, translates the
+protocol's arguments into the kernel's own, and raises ``NotImplementedError`` (with the
+reason) for what the kernel cannot do, so the battery reports it as *unsupported*.
+Optional packages are imported only when their adapter is called.
+
+Masks reach a kernel in its own native form where it has one (SDPA's ``is_causal``,
+flash_attn's ``causal``/``window_size``, torch_npu's ``sparse_mode`` from
+:func:`attnformal.npu.npu_mask_args`); otherwise as the dense boolean mask of the spec
+(``spec.allowed()``), so no second copy of the mask rule is written here.
+
+``ALIASES`` gives the short names the command line accepts (``--impl sdpa-math``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from attnformal.spec import AttentionSpec
+
+NOT_INSTALLED = "{} is not installed"
+
+
+def _spec(q, k, v, **kwargs) -> AttentionSpec:
+    return AttentionSpec.from_inputs(q, k, v, **kwargs)
+
+
+def _index_mask_only(spec: AttentionSpec) -> bool:
+    return spec.attn_mask is None and spec.kv_lens is None
+
+
+def _refuse(condition, reason):
+    if condition:
+        raise NotImplementedError(reason)
+
+
+# ---------------------------------------------------------------- torch SDPA, one backend at a time
+
+
+def _sdpa(backend_name, q, k, v, *, scale=None, causal=None, window=None, attn_mask=None, kv_lens=None,
+          softcap=None, dropout_p=0.0, dropout_mask=None, return_lse=False):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention
+
+    spec = _spec(q, k, v, scale=scale, causal=causal, window=window, attn_mask=attn_mask, kv_lens=kv_lens,
+                 softcap=softcap, dropout_p=dropout_p, dropout_mask=dropout_mask)
+    _refuse(return_lse, "torch SDPA does not return the log-sum-exp")
+    _refuse(softcap is not None, "torch SDPA has no softcap")
+    _refuse(dropout_mask is not None, "torch SDPA draws its own dropout mask and cannot replay a given one")
+    # SDPA's own is_causal is top-left; every other mask goes in as the spec's dense mask.
+    native_causal = spec.causal == "top_left" and spec.window is None and _index_mask_only(spec)
+    mask = None
+    if not native_causal and (spec.causal or spec.window is not None or not _index_mask_only(spec)):
+        mask = spec.allowed(q.device)
+    with sdpa_kernel(getattr(SDPBackend, backend_name)):
+        try:
+            return scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=spec.dropout_p,
+                                                is_causal=native_causal, scale=spec.scale,
+                                                enable_gqa=spec.group > 1)
+        except RuntimeError as err:
+            if "No available kernel" in str(err):
+                raise NotImplementedError(f"SDPA {backend_name} backend refuses these inputs") from None
+            raise
+
+
+sdpa_math = functools.partial(_sdpa, "MATH")
+sdpa_flash = functools.partial(_sdpa, "FLASH_ATTENTION")
+sdpa_efficient = functools.partial(_sdpa, "EFFICIENT_ATTENTION")
+sdpa_cudnn = functools.partial(_sdpa, "CUDNN_ATTENTION")
+
+
+# ---------------------------------------------------------------- flex_attention, eager and compiled
+
+
+def _flex(compiled, q, k, v, *, scale=None, causal=None, window=None, attn_mask=None, kv_lens=None,
+          softcap=None, dropout_p=0.0, dropout_mask=None, return_lse=False):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    spec = _spec(q, k, v, scale=scale, causal=causal, window=window, attn_mask=attn_mask, kv_lens=kv_lens,
+                 softcap=softcap, dropout_p=dropout_p, dropout_mask=dropout_mask)
+    _refuse(spec.dropout_p > 0, "flex_attention has no dropout")
+    _refuse(0 in (spec.len_q, spec.len_k), "flex_attention needs at least one query and one key")
+    if compiled and q.device.type == "cpu":
+        _refuse(return_lse, "compiled flex_attention on CPU does not return lse (torch limitation)")
+        _refuse(q.requires_grad or k.requires_grad or v.requires_grad,
+                "compiled flex_attention on CPU is inference only (torch limitation)")
+        _refuse(q.dtype == torch.float64, "compiled flex_attention on CPU supports fp16, bf16 and fp32 only")
+    kernel = _compiled_flex() if compiled else flex_attention
+    result = kernel(q, k, v, score_mod=_softcap_mod(spec.softcap), block_mask=_block_mask(spec, q.device),
+                    scale=spec.scale, enable_gqa=spec.group > 1, **_flex_lse_request(return_lse))
+    if not return_lse:
+        return result
+    out, aux = result
+    return out, getattr(aux, "lse", aux)
+
+
+@functools.cache
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention)
+
+
+def _flex_lse_request(return_lse):
+    if not return_lse:
+        return {}
+    from torch.nn.attention import flex_attention as flex_module
+
+    if hasattr(flex_module, "AuxRequest"):
+        return {"return_aux": flex_module.AuxRequest(lse=True)}
+    return {"return_lse": True}
+
+
+def _block_mask(spec: AttentionSpec, device):
+    """The spec's dense mask as a flex BlockMask (None when nothing is masked)."""
+    if spec.causal is None and spec.window is None and _index_mask_only(spec):
+        return None
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    allowed = spec.allowed(device)
+    heads = spec.heads_q if spec.attn_mask is not None else None
+    if heads is None:
+        allowed = allowed[:, :1]
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return allowed[b, 0 if heads is None else h, q_idx, kv_idx]
+
+    return create_block_mask(mask_mod, spec.batch, heads, spec.len_q, spec.len_k, device=device)
+
+
+def _softcap_mod(cap):
+    if cap is None:
+        return None
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return cap * torch.tanh(score / cap)
+
+    return score_mod
+
+
+flex_eager = functools.partial(_flex, False)
+flex_compiled = functools.partial(_flex, True)
+
+
+# ---------------------------------------------------------------- the project's own kernels
+
+
+def torch_tiled(q, k, v, **kwargs):
+    """attnformal's torch tiled kernel with its default schedule (128 x 128 tiles)."""
+    from attnformal.kernels.torch_tiled import attention
+
+    return attention(q, k, v, **kwargs)
+
+
+def torch_tiled_small(q, k, v, **kwargs):
+    """attnformal's torch tiled kernel with 16 x 16 tiles: many tiles, ragged edges everywhere."""
+    from attnformal.kernels.torch_tiled import attention
+    from attnformal.schedule import TileSchedule
+
+    return attention(q, k, v, schedule=TileSchedule(block_m=16, block_n=16), **kwargs)
+
+
+def torch_tiled_split(q, k, v, **kwargs):
+    """attnformal's torch tiled kernel, split-KV: 32 x 32 tiles in 3 partial states merged at the end."""
+    from attnformal.kernels.torch_tiled import attention
+    from attnformal.schedule import TileSchedule
+
+    return attention(q, k, v, schedule=TileSchedule(block_m=32, block_n=32, num_splits=3), **kwargs)
+
+
+def triton_flash(q, k, v, **kwargs):
+    """attnformal's Triton kernel (on CPU it needs TRITON_INTERPRET=1 before triton is imported)."""
+    try:
+        from attnformal.kernels.triton_flash import attention
+    except ImportError as err:
+        raise NotImplementedError(f"attnformal.kernels.triton_flash is not available: {err}") from None
+    return attention(q, k, v, **kwargs)
+
+
+# ---------------------------------------------------------------- flash_attn (CUDA)
+
+
+def flash_attn(q, k, v, *, scale=None, causal=None, window=None, attn_mask=None, kv_lens=None, softcap=None,
+               dropout_p=0.0, dropout_mask=None, return_lse=False):
+    """flash_attn.flash_attn_func ([B, S, H, D] layout, causal and window aligned bottom-right)."""
+    try:
+        from flash_attn import flash_attn_func
+    except ImportError:
+        raise NotImplementedError(NOT_INSTALLED.format("flash_attn")) from None
+    spec = _spec(q, k, v, scale=scale, causal=causal, window=window, attn_mask=attn_mask, kv_lens=kv_lens,
+                 softcap=softcap, dropout_p=dropout_p, dropout_mask=dropout_mask)
+    _refuse(q.device.type != "cuda", "flash_attn runs on CUDA only")
+    _refuse(q.dtype not in (torch.float16, torch.bfloat16), "flash_attn supports fp16 and bf16 only")
+    _refuse(not _index_mask_only(spec), "flash_attn takes no explicit mask or per-batch lengths here")
+    _refuse(dropout_mask is not None, "flash_attn cannot replay a given dropout mask")
+    _refuse(spec.head_dim_v != spec.head_dim, "flash_attn needs Dv = D")
+    _refuse(spec.causal == "top_left" and spec.len_q != spec.len_k, "flash_attn's causal mask is bottom-right")
+    left, right = spec.window if spec.window is not None else (-1, -1)
+    result = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=spec.dropout_p,
+                             softmax_scale=spec.scale, causal=spec.causal is not None,
+                             window_size=(max(left, -1), max(right, -1)), softcap=spec.softcap or 0.0,
+                             return_attn_probs=return_lse)
+    if not return_lse:
+        return result.transpose(1, 2)
+    out, lse, _ = result
+    return out.transpose(1, 2), lse
+
+
+# ---------------------------------------------------------------- xformers
+
+
+def xformers(q, k, v, *, scale=None, causal=None, window=None, attn_mask=None, kv_lens=None, softcap=None,
+             dropout_p=0.0, dropout_mask=None, return_lse=False):
+    """xformers.ops.memory_efficient_attention ([B, M, H, K] layout; GQA as [B, M, G, H, K])."""
+    try:
+        from xformers import ops as xops
+    except ImportError:
+        raise NotImplementedError(NOT_INSTALLED.format("xformers")) from None
+    spec = _spec(q, k, v, scale=scale, causal=causal, window=window, attn_mask=attn_mask, kv_lens=kv_lens,
+                 softcap=softcap, dropout_p=dropout_p, dropout_mask=dropout_mask)
+    _refuse(return_lse, "the xformers adapter does not return lse")
+    _refuse(softcap is not None, "xformers has no softcap")
+    _refuse(dropout_mask is not None, "xformers cannot replay a given dropout mask")
+    bias = None
+    if spec.causal == "top_left" and spec.window is None and _index_mask_only(spec):
+        bias = xops.LowerTriangularMask()
+    elif spec.causal == "bottom_right" and spec.window is None and _index_mask_only(spec):
+        bias = xops.fmha.attn_bias.LowerTriangularFromBottomRightMask()
+    elif spec.causal or spec.window is not None or not _index_mask_only(spec):
+        bias = torch.zeros(spec.batch, spec.heads_q, spec.len_q, spec.len_k, dtype=q.dtype, device=q.device)
+        bias = bias.masked_fill(~spec.allowed(q.device), -math.inf)
+    group = spec.group
+    qx = q.transpose(1, 2).unflatten(2, (spec.heads_kv, group))  # [B, M, G, H, K]
+    kx, vx = (t.transpose(1, 2)[:, :, :, None].expand(-1, -1, -1, group, -1) for t in (k, v))
+    if isinstance(bias, torch.Tensor):
+        bias = bias.unflatten(1, (spec.heads_kv, group))
+    out = xops.memory_efficient_attention(qx, kx, vx, attn_bias=bias, p=spec.dropout_p, scale=spec.scale)
+    return out.flatten(2, 3).transpose(1, 2)
+
+
+# ---------------------------------------------------------------- torch_npu (Ascend)
+
+
+def npu_fusion_attention(q, k, v, *, scale=None, causal=None, window=None, attn_mask=None, kv_lens=None,
+                         softcap=None, dropout_p=0.0, dropout_mask=None, return_lse=False):
+    """torch_npu.npu_fusion_attention in BNSD layout.
+
+    Its ``scale`` defaults to 1 (so the spec's scale is always passed) and its mask is True
+    where attention is *forbidden*. Causal and window masks use the sparse mode that
+    :func:`attnformal.npu.npu_mask_args` maps them to (proven by the prover); explicit masks and
+    per-batch lengths, or a geometry it does not map, go in as the dense mask.
+    """
+    try:
+        import torch_npu
+    except ImportError:
+        raise NotImplementedError(NOT_INSTALLED.format("torch_npu")) from None
+    spec = _spec(q, k, v, scale=scale, causal=causal, window=window, attn_mask=attn_mask, kv_lens=kv_lens,
+                 softcap=softcap, dropout_p=dropout_p, dropout_mask=dropout_mask)
+    _refuse(softcap is not None, "npu_fusion_attention has no softcap")
+    _refuse(dropout_mask is not None, "npu_fusion_attention cannot replay a given dropout mask")
+    sparse_mode, pre_tokens, next_tokens, forbidden = _npu_mask(spec, q.device)
+    outputs = torch_npu.npu_fusion_attention(q, k, v, spec.heads_q, "BNSD", atten_mask=forbidden, scale=spec.scale,
+                                             keep_prob=1.0 - spec.dropout_p, pre_tockens=pre_tokens,
+                                             next_tockens=next_tokens, sparse_mode=sparse_mode)
+    out, softmax_max, softmax_sum = outputs[:3]
+    if not return_lse:
+        return out
+    return out, softmax_max[..., 0] + torch.log(softmax_sum[..., 0])  # [B, N, S, 8]: 8 equal copies
+
+
+NPU_UNBOUNDED = 2147483647
+NPU_COMPRESSED_MASK = 2048  # sparse modes 2, 3, 4 take this fixed upper-triangular mask
+
+
+def _npu_mask(spec: AttentionSpec, device):
+    """``(sparse_mode, pre_tokens, next_tokens, atten_mask)`` for npu_fusion_attention."""
+    if spec.causal is None and spec.window is None and _index_mask_only(spec):
+        return 0, NPU_UNBOUNDED, NPU_UNBOUNDED, None
+    mapped = None
+    if _index_mask_only(spec):
+        try:
+            from attnformal.npu import npu_mask_args
+
+            mapped = npu_mask_args(spec.geometry())
+        except (ImportError, NotImplementedError):
+            mapped = None
+    dense_forbidden = ~spec.allowed(device)
+    if mapped is None:
+        return 0, NPU_UNBOUNDED, NPU_UNBOUNDED, dense_forbidden
+    sparse_mode, pre_tokens, next_tokens = mapped
+    if sparse_mode in (2, 3, 4):
+        n = NPU_COMPRESSED_MASK
+        return sparse_mode, pre_tokens, next_tokens, torch.ones(n, n, dtype=torch.bool, device=device).triu(1)
+    return sparse_mode, pre_tokens, next_tokens, dense_forbidden[0, 0]
+
+
+ALIASES = {
+    "sdpa-math": sdpa_math,
+    "sdpa-flash": sdpa_flash,
+    "sdpa-efficient": sdpa_efficient,
+    "sdpa-cudnn": sdpa_cudnn,
+    "flex": flex_eager,
+    "flex-compiled": flex_compiled,
+    "torch-tiled": torch_tiled,
+    "torch-tiled-small": torch_tiled_small,
+    "torch-tiled-split": torch_tiled_split,
+    "triton-flash": triton_flash,
+    "flash-attn": flash_attn,
+    "xformers": xformers,
+    "npu": npu_fusion_attention,
+}
+
+
+def resolve(target: str):
+    """An alias of :data:`ALIASES`, or ``MODULE:FUNC`` / ``FILE.py:FUNC``."""
+    if target in ALIASES:
+        return ALIASES[target]
+    if ":" not in target:
+        raise ValueError(f"argument '--impl': expected one of {', '.join(ALIASES)} or MODULE:FUNC or "
+                         f"FILE.py:FUNC, got {target!r}")
+    from attnformal.impl import load_impl
+
+    return load_impl(target)

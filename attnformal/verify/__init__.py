@@ -1,0 +1,20 @@
+"""The conformance battery: point it at any attention implementation, learn whether it is right.
+
+``python -m attnformal.verify --impl MODULE:FUNC`` runs every check (:mod:`.checks`) on the
+implementation protocol, for each dtype, and prints a table of pass / FAIL / unsupported,
+the details of each failure (worst errors, where they sit, a reproducer) and the most
+likely bug class. The same battery runs as pytest tests (:mod:`.pytest_plugin`).
+
+Layout:
+
+* :mod:`.cases` -- seeded problems; :mod:`.calls` -- calling an implementation, contract checks;
+* :mod:`.reference` -- expected values (certified or fp64 oracle), error magnitudes;
+* :mod:`.tolerances` -- the profiles that judge a result (default, naive, ascend);
+* :mod:`.checks` -- the battery; :mod:`.runner` -- running one check; :mod:`.battery` -- all;
+* :mod:`.diagnosis` -- localisation and bug classes; :mod:`.report`, :mod:`.baseline`, :mod:`.replay`.
+"""
+
+from attnformal.verify.battery import BatteryReport, run_battery
+from attnformal.verify.runner import CheckResult, Settings
+
+__all__ = ["BatteryReport", "CheckResult", "Settings", "run_battery"]

@@ -1,0 +1,130 @@
+"""Calling an implementation: the protocol's contract, checked on every call.
+
+:func:`call` runs the implementation on a case (forward, optionally lse and backward) and
+returns what it produced, or raises
+
+* :class:`Unsupported` when the implementation raised ``NotImplementedError`` (the features
+  the case uses are named, with the implementation's own message);
+* :class:`ContractError` when it broke the protocol: wrong shape, dtype or device, a
+  missing gradient, inputs modified in place, or any other exception (with its type).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+FIELDS = ("out", "lse", "dq", "dk", "dv")
+FEATURES = ("lse", "backward", "gqa", "causal_top_left", "causal_bottom_right", "window", "kv_lens", "attn_mask",
+            "softcap", "dropout", "dropout_replay", "head_dim_v", "empty", "noncontiguous", "fp64")
+
+
+class Unsupported(Exception):
+    def __init__(self, features, message):
+        self.features = tuple(features)
+        super().__init__(message)
+
+
+class ContractError(Exception):
+    """The implementation broke the protocol (or crashed) on a case."""
+
+
+@dataclass
+class Observed:
+    out: torch.Tensor
+    lse: torch.Tensor | None = None
+    dq: torch.Tensor | None = None
+    dk: torch.Tensor | None = None
+    dv: torch.Tensor | None = None
+
+    def get(self, name):
+        return getattr(self, name)
+
+
+def case_features(case, *, lse=False, backward=False) -> tuple[str, ...]:
+    """The protocol features a call of ``case`` exercises (what ``--require`` names)."""
+    spec, kw = case.spec, case.kwargs
+    found = ["lse"] if lse else []
+    found += ["backward"] if backward else []
+    found += ["gqa"] if spec.heads_q != spec.heads_kv else []
+    found += [f"causal_{spec.causal}"] if spec.causal else []
+    found += [name for name in ("window", "kv_lens", "attn_mask", "softcap") if kw.get(name) is not None]
+    if spec.dropout_p > 0:
+        found.append("dropout_replay" if spec.dropout_mask is not None else "dropout")
+    found += ["head_dim_v"] if spec.head_dim_v != spec.head_dim else []
+    found += ["empty"] if 0 in (spec.len_q, spec.len_k) else []
+    found += ["noncontiguous"] if not all(t.is_contiguous() for t in (case.q, case.k, case.v)) else []
+    found += ["fp64"] if case.dtype == torch.float64 else []
+    return tuple(found)
+
+
+def call(impl, case, *, lse=False, backward=False) -> Observed:
+    """Run ``impl`` on ``case`` and check the protocol's contract on what comes back."""
+    leaves = [t.detach().requires_grad_(backward) for t in (case.q, case.k, case.v)]  # strides kept
+    before = [t.detach().clone() for t in leaves]
+    try:
+        result = impl(*leaves, return_lse=lse, **case.kwargs)
+        out, out_lse = _unpack(result, lse)
+        grads = _backward(out, leaves, case.grad_out) if backward else (None, None, None)
+    except NotImplementedError as err:
+        raise Unsupported(case_features(case, lse=lse, backward=backward), str(err) or "NotImplementedError") from None
+    except ContractError:
+        raise
+    except Exception as err:  # a crash is a failure of the case, reported with its type
+        raise ContractError(f"raised {type(err).__name__}: {err}") from None
+    finally:
+        _restore_inputs(leaves, before)
+    observed = Observed(out.detach(), None if out_lse is None else out_lse.detach(), *grads)
+    _check_contract(case, observed)
+    return observed
+
+
+def _unpack(result, want_lse):
+    if want_lse:
+        if not (isinstance(result, tuple) and len(result) == 2):
+            raise ContractError(f"with return_lse=True expected (out, lse), got {type(result).__name__}")
+        return result
+    if isinstance(result, tuple):
+        raise ContractError("with return_lse=False expected a tensor, got a tuple")
+    return result, None
+
+
+def _backward(out, leaves, grad_out):
+    if not isinstance(out, torch.Tensor) or not out.requires_grad:
+        raise ContractError("the output does not require grad: no backward through autograd")
+    out.backward(grad_out.to(out.dtype))
+    grads = tuple(t.grad for t in leaves)
+    for name, g in zip(("dq", "dk", "dv"), grads):
+        if g is None:
+            raise ContractError(f"{name} is None: the backward does not reach that input")
+    return grads
+
+
+def _restore_inputs(leaves, before):
+    changed = [name for name, t, b in zip("qkv", leaves, before) if not torch.equal(t.detach(), b)]
+    if changed:
+        for t, b in zip(leaves, before):
+            t.detach().copy_(b)
+        raise ContractError(f"modified its inputs in place: {', '.join(changed)}")
+
+
+def _check_contract(case, observed: Observed):
+    spec = case.spec
+    dtype, device = case.dtype, case.q.device
+    want = {"out": (spec.batch, spec.heads_q, spec.len_q, spec.head_dim_v), "lse": (spec.batch, spec.heads_q, spec.len_q),
+            "dq": tuple(case.q.shape), "dk": tuple(case.k.shape), "dv": tuple(case.v.shape)}
+    lse_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    for name in FIELDS:
+        t = observed.get(name)
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise ContractError(f"{name} is a {type(t).__name__}, not a tensor")
+        expected_dtype = lse_dtype if name == "lse" else dtype
+        if tuple(t.shape) != want[name]:
+            raise ContractError(f"{name} has shape {list(t.shape)}, expected {list(want[name])}")
+        if t.dtype != expected_dtype:
+            raise ContractError(f"{name} has dtype {t.dtype}, expected {expected_dtype}")
+        if t.device != device:
+            raise ContractError(f"{name} is on {t.device}, expected {device}")

@@ -1,0 +1,46 @@
+"""The battery: every check, in the order the report lists them.
+
+Groups (one module each):
+
+* :mod:`.hand` -- cases whose exact answer is known in closed form;
+* :mod:`.accuracy` -- comparisons with the reference over shapes, masks, structured and
+  extreme inputs, lse, and the error's growth with sequence length;
+* :mod:`.structure` -- properties that hold exactly whatever the tolerance: the
+  probabilities themselves (V = identity), metamorphic relations, repeatability;
+* :mod:`.gradients` -- dQ, dK, dV against the reference, finite differences, invariants;
+* :mod:`.dropout` -- p = 0, replay of a given keep-mask, statistics of the kernel's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+CHECKS: list[Check] = []
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    fn: Callable
+    doc: str
+    fixed_dtype: torch.dtype | None = None  # runs once, in this dtype, whatever --dtypes asks
+    full_only: bool = False  # belongs to --profile full only (long sequences)
+
+    @property
+    def group(self) -> str:
+        return self.name.partition(".")[0]
+
+
+def check(name: str, *, fixed_dtype=None, full_only=False):
+    """Register a check; its docstring's first line is what the report says it tests."""
+    def register(fn):
+        doc = (fn.__doc__ or "").strip().splitlines()[0]
+        CHECKS.append(Check(name, fn, doc, fixed_dtype, full_only))
+        return fn
+    return register
+
+
+from attnformal.verify.checks import hand, accuracy, structure, gradients, dropout  # noqa: E402,F401  (registration)

@@ -1,0 +1,363 @@
+"""Comparisons with the reference: shapes, masks, structured and extreme inputs, lse, length.
+
+Every case draws distinct random values per batch and head (see :mod:`..cases`) and is
+judged elementwise under the selected tolerance profile.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from attnformal.verify.cases import generator, make_case, non_contiguous, randn, random_attn_mask, shape, value_offsets
+from attnformal.verify.checks import check
+from attnformal.verify.diagnosis import COMMON_BLOCKS, PATTERN, STRONG
+
+# -- shapes
+
+
+@check("fwd.random")
+def random(run):
+    """Random inputs, distinct per batch and head, against the reference."""
+    cases = [(shape(2, 4, 4, 33, 47, 32), {}), (shape(3, 2, 2, 64, 64, 64), {"scale": 0.3}),
+             (shape(1, 3, 3, 100, 17, 16), {})]
+    cases += run.pick([], [(shape(2, 8, 8, 512, 512, 128), {}), (shape(2, 2, 2, 1000, 1000, 64), {"scale": 0.05})])
+    for sh, kw in cases:
+        run.against_reference(run.random_case(sh.describe(), sh, grad=False, **kw))
+
+
+@check("fwd.lengths")
+def lengths(run):
+    """Sequence lengths around block multiples (16 ... 256, +-1), Sq != Sk both ways."""
+    sks = [1, 15, 16, 17, 32, 63, 64, 65, 127, 128, 129, 255, 256, 257]
+    sks += run.pick([], [31, 33, 95, 96, 97, 191, 192, 193, 511, 512, 513])
+    results = {}
+    for n, sk in enumerate(sks):
+        sq = (13, 40, sk)[n % 3] if sk <= 64 else (13, 40)[n % 2]
+        sh = shape(2, 2, 2, sq, sk, 32)
+        record = run.against_reference(run.random_case(sh.describe(), sh, grad=False))
+        if record is not None:
+            results[sk] = record.status
+    _explain_ragged(run, results)
+
+
+def _explain_ragged(run, status_by_len):
+    """If exactly the lengths that are not multiples of some block size fail, name that block."""
+    failing = {n for n, s in status_by_len.items() if s == "FAIL"}
+    if not failing:
+        return
+    for block in COMMON_BLOCKS:
+        if all((n % block != 0) == (n in failing) for n in status_by_len):
+            run.find("ragged_block", STRONG, f"exactly the key lengths that are not a multiple of {block} fail "
+                                             f"({len(failing)} of {len(status_by_len)})")
+            return
+
+
+@check("fwd.empty")
+def empty(run):
+    """Zero-length queries or keys: an empty output, or zeros (no key to attend)."""
+    for sh in [shape(2, 2, 2, 0, 5, 16), shape(2, 2, 2, 5, 0, 16), shape(2, 2, 2, 0, 0, 16)]:
+        run.against_reference(run.random_case(sh.describe(), sh, grad=False))
+
+
+@check("fwd.head_dims")
+def head_dims(run):
+    """Odd head dims (59, 111) and a value dim different from the key dim."""
+    shapes = [shape(2, 2, 2, 40, 40, 59), shape(1, 2, 2, 33, 65, 111), shape(2, 2, 2, 30, 50, 32, 48)]
+    shapes += run.pick([], [shape(2, 2, 2, 64, 64, 64, 16), shape(1, 2, 2, 64, 80, 1), shape(1, 2, 2, 64, 64, 256)])
+    for sh in shapes:
+        run.against_reference(run.random_case(sh.describe(), sh, grad=False))
+
+
+@check("fwd.noncontiguous")
+def noncontiguous(run):
+    """Non-contiguous q, k, v ([B, S, H, D] buffers seen through a transpose, strided features)."""
+    sh = shape(2, 4, 2, 37, 53, 32)
+    control = run.random_case("contiguous twin", sh, grad=False, causal="bottom_right")
+    twin = control.with_(name="non-contiguous", q=non_contiguous(control.q), k=non_contiguous(control.k),
+                         v=non_contiguous(control.v))
+    passed_control = run.against_reference(control)
+    record = run.against_reference(twin)
+    if record is not None and record.status == "FAIL" and passed_control is not None \
+            and passed_control.status == "pass":
+        run.find("strides_ignored", STRONG, "the same values fail only when passed as non-contiguous views")
+
+
+@check("fwd.long", full_only=True)
+def long(run):
+    """Long key sequences (8k and 16k keys), with and without a causal mask."""
+    for sh, kw in [(shape(1, 2, 1, 64, 8192 + 17, 64), {}), (shape(1, 2, 2, 128, 16384, 64),
+                                                             {"causal": "bottom_right"}),
+                   (shape(1, 2, 2, 2048, 2048, 64), {"causal": "bottom_right"})]:
+        run.against_reference(run.random_case(sh.describe(), sh, grad=False, **kw))
+
+
+@check("fwd.gqa")
+def gqa(run):
+    """GQA and MQA against a reference that repeats K and V explicitly."""
+    shapes = [shape(2, 8, 2, 40, 56, 32), shape(1, 6, 3, 17, 33, 16), shape(2, 4, 1, 33, 47, 32)]
+    for sh in shapes:
+        run.against_reference(run.random_case(sh.describe(), sh, grad=False, causal="bottom_right"))
+
+
+# -- masks
+
+def _mask_cases(run, kwargs_list, shapes):
+    for kw in kwargs_list:
+        for sh in shapes:
+            run.against_reference(run.random_case(f"{kw} {sh.describe()}", sh, grad=False, **kw))
+
+
+@check("mask.causal_top_left")
+def causal_top_left(run):
+    """Causal mask aligned top-left (key j <= query i), Sq < Sk, Sq = Sk, Sq > Sk."""
+    _mask_cases(run, [{"causal": "top_left"}], [shape(2, 2, 2, 33, 65, 32), shape(2, 2, 2, 64, 64, 32),
+                                               shape(2, 2, 2, 70, 17, 32)])
+
+
+@check("mask.causal_bottom_right")
+def causal_bottom_right(run):
+    """Causal mask aligned bottom-right (the last query sees the last key), Sq < Sk, = and >."""
+    _mask_cases(run, [{"causal": "bottom_right"}], [shape(2, 2, 2, 33, 65, 32), shape(2, 2, 2, 64, 64, 32),
+                                                   shape(2, 2, 2, 70, 17, 32)])
+
+
+@check("mask.window")
+def window(run):
+    """Sliding windows (left, right), one-sided and zero-width, Sq != Sk."""
+    windows = [(8, 0), (4, 4), (0, 0), (-1, 3), (16, -1)]
+    _mask_cases(run, [{"window": w} for w in windows], [shape(2, 2, 2, 40, 57, 32), shape(1, 2, 2, 50, 30, 16)])
+    _mask_cases(run, [{"window": (5, 2), "causal": "bottom_right"}], [shape(2, 2, 2, 40, 57, 32)])
+
+
+@check("mask.kv_lens")
+def kv_lens(run):
+    """Per-batch key lengths: full, partial, one key and none."""
+    sh = shape(4, 2, 2, 24, 45, 32)
+    _mask_cases(run, [{"kv_lens": [45, 20, 1, 0]}, {"kv_lens": [7, 45, 33, 44], "causal": "bottom_right"}], [sh])
+
+
+@check("mask.attn_mask")
+def attn_mask(run):
+    """Explicit boolean masks (True = attend), per head and broadcast over heads and batches."""
+    sh = shape(2, 2, 2, 30, 45, 32)
+    gen = generator(run.seed("masks"))
+    for name, mask in [("per head", random_attn_mask(gen, sh)), ("[B, 1, Sq, Sk]", random_attn_mask(gen, sh, per_head=False)),
+                       ("[1, 1, Sq, Sk]", random_attn_mask(gen, sh, per_head=False)[:1]),
+                       ("sparse 10%", random_attn_mask(gen, sh, 0.1))]:
+        run.against_reference(run.random_case(name, sh, grad=False, attn_mask=mask))
+
+
+@check("mask.combined")
+def combined(run):
+    """Every mask family at once: causal, window, kv_lens and an explicit mask."""
+    sh = shape(3, 4, 2, 40, 70, 32)
+    mask = random_attn_mask(generator(run.seed("mask")), sh, 0.8)
+    for causal in ("top_left", "bottom_right"):
+        run.against_reference(run.random_case(f"causal={causal}", sh, grad=False, causal=causal, window=(20, 3),
+                                              kv_lens=[70, 41, 5], attn_mask=mask))
+
+
+def empty_row_cases(run, *, grad):
+    """Cases with rows that may attend no key, built four ways."""
+    sh = shape(2, 2, 2, 24, 40, 32)
+    mask = random_attn_mask(generator(run.seed("rows")), sh, 0.7)
+    mask[:, :, ::3] = False  # every third row fully masked
+    return [
+        run.random_case("attn_mask rows all False", sh, grad=grad, attn_mask=mask),
+        run.random_case("kv_lens = 0", sh, grad=grad, kv_lens=[40, 0]),
+        run.random_case("bottom-right causal with Sq > Sk", shape(2, 2, 2, 40, 24, 32), grad=grad,
+                        causal="bottom_right"),
+        run.random_case("window beyond the keys", shape(2, 2, 2, 40, 24, 32), grad=grad, window=(2, 0)),
+    ]
+
+
+@check("mask.fully_masked_rows")
+def fully_masked_rows(run):
+    """Rows with no allowed key: output exactly 0, never NaN."""
+    for case in empty_row_cases(run, grad=False):
+        record = run.against_reference(case)
+        if record is not None and record.status == "FAIL":
+            _explain_empty_rows(run, record)
+
+
+def _explain_empty_rows(run, record):
+    """NaN on the rows without keys, or a finite fill: then every key gets the same score, so the
+    row's output is the plain mean of the values (all Sk keys, or the first kv_lens[b])."""
+    empty = record.expected.probabilities.sum(-1) == 0  # [B, Hq, Sq]
+    rows = record.observed.out.double().cpu()[empty]
+    if not rows.numel():
+        return
+    if not torch.isfinite(rows).all():
+        run.find("nan_empty_rows", STRONG, f"{int((~torch.isfinite(rows)).any(-1).sum())} rows with no allowed key "
+                                           f"are NaN/Inf")
+        return
+    if not rows.abs().max() > 0:
+        return
+    case = record.case
+    v = case.v.double().cpu()[:, case.spec.kv_heads()]
+    lens = case.spec.kv_lens or (case.spec.len_k,) * case.spec.batch
+    means = [v.mean(2, keepdim=True), torch.stack([v[b, :, :max(n, 1)].mean(1) for b, n in enumerate(lens)])[:, :, None]]
+    for mean in means:
+        if torch.allclose(rows, mean.expand_as(record.observed.out)[empty], rtol=0.05, atol=0.05):
+            run.find("finite_mask_fill", STRONG, "rows with no allowed key return the plain mean of the values: "
+                                                 "every masked score got the same finite fill")
+            return
+    run.find("mask_wrong", PATTERN, "rows with no allowed key return a non-zero output")
+
+
+@check("fwd.softcap")
+def softcap(run):
+    """Logit softcapping cap * tanh(s / cap), after the scale, with logits well past the cap."""
+    for cap, scale in [(20.0, 2.0), (5.0, None)]:
+        sh = shape(2, 2, 2, 33, 47, 32)
+        run.against_reference(run.random_case(f"softcap={cap}", sh, grad=False, softcap=cap, scale=scale,
+                                              causal="bottom_right"))
+
+
+# -- structured inputs
+
+
+@check("structured.symmetric_qk")
+def symmetric_qk(run):
+    """q = k: symmetric scores with the largest on the diagonal."""
+    sh = shape(2, 2, 2, 48, 48, 32)
+    for kw in ({}, {"causal": "top_left"}):
+        case = run.random_case(f"q = k {kw}", sh, grad=False, **kw)
+        case.k.copy_(case.q)
+        run.against_reference(case)
+
+
+@check("structured.sparse_keys")
+def sparse_keys(run):
+    """Mostly-zero keys: only every fourth key is non-zero."""
+    sh = shape(2, 2, 2, 40, 128, 32)
+    case = run.random_case("every 4th key non-zero", sh, grad=False)
+    keep = torch.zeros(sh.len_k, dtype=torch.bool)
+    keep[::4] = True
+    case.k.mul_(keep[:, None].to(case.k.dtype))
+    run.against_reference(case)
+
+
+@check("structured.tied_max")
+def tied_max(run):
+    """Duplicated keys whose scores tie the running maximum, within a tile and across tiles."""
+    sh = shape(2, 2, 2, 24, 300, 32)
+    case = run.random_case("tied maxima at keys 3, 4, 70, 200, 299; keys 0-31 repeated at 128-159", sh,
+                           grad=False, scale=0.25)
+    case.q[..., 0] = 4.0
+    for j in (3, 4, 70, 200, 299):  # the same key, so every row scores it identically (8 + noise-free)
+        case.k[:, :, j] = 0.0
+        case.k[:, :, j, 0] = 8.0
+    case.k[:, :, 128:160] = case.k[:, :, :32].clone()
+    run.against_reference(case)
+
+
+# -- extreme values
+
+
+def _scaled_case(run, name, sh, q_scale, k_scale, v_scale=1.0, **kw):
+    gen = generator(run.seed(name))
+    q = q_scale * randn(gen, sh.batch, sh.heads_q, sh.len_q, sh.head_dim)
+    k = k_scale * randn(gen, sh.batch, sh.heads_kv, sh.len_k, sh.head_dim)
+    v = v_scale * (randn(gen, sh.batch, sh.heads_kv, sh.len_k, sh.head_dim_v) + value_offsets(sh.batch, sh.heads_kv))
+    return make_case(name, q, k, v, run.dtype, run.device, run.seed(name), **kw)
+
+
+@check("extreme.large_logits")
+def large_logits(run):
+    """Logits in the thousands, positive and negative: nearly one-hot rows, no overflow."""
+    sh = shape(2, 2, 2, 32, 77, 32)
+    run.against_reference(_scaled_case(run, "|logits| ~ 5e3", sh, 30.0, 30.0, scale=1.0))
+    run.against_reference(_scaled_case(run, "|logits| ~ 5e3, causal", sh, 30.0, 30.0, scale=1.0,
+                                       causal="bottom_right"))
+
+
+@check("extreme.large_negative")
+def large_negative(run):
+    """Every allowed logit near -2e4, with masks: a finite mask fill (-1e4) would win."""
+    sh = shape(2, 2, 2, 32, 60, 16)
+    mask = random_attn_mask(generator(run.seed("mask")), sh, 0.6)
+    for kw in ({"causal": "bottom_right"}, {"attn_mask": mask}):
+        case = _scaled_case(run, f"logits ~ -2e4 {list(kw)}", sh, 1.0, 1.0, scale=1.0, **kw)
+        case.q[..., 0] = 1.0
+        case.k[..., 0] = -2e4
+        run.against_reference(case)
+
+
+@check("extreme.equal_and_zero")
+def equal_and_zero(run):
+    """All-equal large logits (uniform rows), all-zero inputs (zero output), tiny values (1e-10)."""
+    sh = shape(2, 2, 2, 16, 50, 8)
+    equal = _scaled_case(run, "all logits 1024", sh, 1.0, 1.0, scale=1.0)
+    equal.q.fill_(16.0)
+    equal.k.fill_(8.0)
+    zeros = _scaled_case(run, "q = k = v = 0", sh, 0.0, 0.0, 0.0)
+    tiny = _scaled_case(run, "q, k, v ~ 1e-10", sh, 1e-10, 1e-10, 1e-10)
+    mixed = _scaled_case(run, "q, k, v ~ 1e2", shape(1, 2, 2, 16, 50, 128), 1e2, 1e2, 1e2)
+    for case in (equal, zeros, tiny, mixed):
+        run.against_reference(case)
+
+
+# -- lse
+
+
+@check("lse.values")
+def lse_values(run):
+    """The log-sum-exp (natural log, fp32): random, GQA, masks, empty rows (-inf), extremes."""
+    cases = [
+        run.random_case("random", shape(2, 4, 4, 33, 47, 32), grad=False),
+        run.random_case("gqa causal", shape(2, 4, 2, 40, 56, 32), grad=False, causal="bottom_right"),
+        run.random_case("window kv_lens", shape(2, 2, 2, 24, 40, 32), grad=False, window=(6, 2), kv_lens=[40, 9]),
+        _scaled_case(run, "large logits", shape(1, 2, 2, 16, 40, 16), 30.0, 30.0, scale=1.0),
+    ]
+    cases += empty_row_cases(run, grad=False)[:2]
+    for case in cases:
+        record = run.against_reference(case, lse=True)
+        if record is not None and record.status == "FAIL":
+            out_ok = record.comparisons[0].passed
+            if out_ok:
+                run.find("lse_wrong", PATTERN, "the output is right but lse is not")
+
+
+# -- error growth with length
+
+
+@check("errors.length_growth")
+def length_growth(run):
+    """The error as the key length grows 64 -> 4k (16k in full): it must stay within tolerance."""
+    lens = run.pick([64, 256, 1024, 4096], [64, 256, 1024, 4096, 16384])
+    errors = []
+    for sk in lens:
+        sh = shape(1, 1, 1, 16, sk, 64)
+        record = run.against_reference(run.random_case(f"Sk={sk}", sh, grad=False))
+        if record is None:
+            continue
+        out = record.comparisons[0]
+        errors.append((sk, out.max_abs, out.worst_ratio, record.status))
+    if not errors:
+        return
+    run.note("Sk: max |error| (x tolerance): " + ", ".join(f"{n}: {e:.2g} ({r:.2g}x)" for n, e, r, _ in errors))
+    slope = _log_slope(errors)
+    if slope is not None:
+        run.metrics["error_length_slope"] = slope
+        run.note(f"error grows like Sk^{slope:.2f}")
+    statuses = [s for *_, s in errors]
+    ratio_slope = _log_slope([(n, r) for n, _, r, _ in errors])
+    if statuses[-1] == "FAIL" and ratio_slope is not None and ratio_slope > 0.2:
+        first = next(n for n, *_, s in errors if s == "FAIL")
+        run.find("low_precision_accumulation", STRONG if statuses[0] == "pass" else PATTERN,
+                 f"the error, relative to the tolerance, grows like Sk^{ratio_slope:.2f} and leaves the tolerance "
+                 f"from Sk = {first} on")
+
+
+def _log_slope(errors):
+    """Least-squares slope of log(error) against log(Sk)."""
+    points = [(math.log(n), math.log(e)) for n, e, *_ in errors if e > 0 and math.isfinite(e)]
+    if len(points) < 3:
+        return None
+    mx = sum(x for x, _ in points) / len(points)
+    my = sum(y for _, y in points) / len(points)
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    return sum((x - mx) * (y - my) for x, y in points) / sxx

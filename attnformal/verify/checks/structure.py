@@ -1,0 +1,237 @@
+"""Structure that holds exactly, whatever the tolerance.
+
+* With ``V = I`` (``Dv = Sk``) the output *is* the probability matrix P: masked positions
+  must be exactly 0, entries non-negative, non-empty rows sum to 1, and the largest logit
+  gets the largest weight. Where P is non-zero tells which mask the kernel really used.
+* Metamorphic relations compare the implementation with itself: adding a constant to
+  every logit of a row, permuting keys with their values and mask columns, permuting
+  batches and heads. Inputs lie on a coarse grid, so the transformed inputs are exact.
+* Repeated identical calls must agree, with freed NaN-filled memory in between so that
+  an uninitialised read shows.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnformal.testing import compare_attention, tolerance_for
+from attnformal.verify.cases import generator, make_case, randn, random_attn_mask, shape, value_offsets
+from attnformal.verify.checks import check
+from attnformal.verify.diagnosis import STRONG, support_findings
+
+CLEAR_WINNER = 1.1  # the top probability exceeds the runner-up by 10%: rounding cannot swap them
+
+
+# -- the probabilities themselves
+
+
+def _with_identity_values(case):
+    sk = case.spec.len_k
+    eye = torch.eye(sk, dtype=case.dtype, device=case.q.device)
+    v = eye.expand(case.spec.batch, case.spec.heads_kv, sk, sk).clone()
+    return case.with_(v=v)
+
+
+def probability_cases(run):
+    gen = generator(run.seed("masks"))
+    sh = shape(2, 2, 2, 30, 70, 70)
+    negative = run.random_case("logits ~ -2e4, causal + attn_mask", shape(2, 2, 2, 30, 45, 45), grad=False,
+                               scale=1.0, causal="bottom_right",
+                               attn_mask=random_attn_mask(gen, shape(2, 2, 2, 30, 45, 45), 0.7))
+    negative.q[..., 0], negative.k[..., 0] = 1.0, -2e4
+    cases = [
+        run.random_case("no mask (ragged Sk)", shape(2, 2, 2, 20, 100, 100), grad=False),
+        run.random_case("causal top-left Sq < Sk", sh, grad=False, causal="top_left"),
+        run.random_case("causal bottom-right Sq < Sk", sh, grad=False, causal="bottom_right"),
+        run.random_case("causal bottom-right Sq > Sk", shape(2, 2, 2, 70, 30, 30), grad=False, causal="bottom_right"),
+        run.random_case("causal top-left Sq > Sk", shape(2, 2, 2, 70, 30, 30), grad=False, causal="top_left"),
+        run.random_case("window (5, 2)", sh, grad=False, window=(5, 2)),
+        run.random_case("window (0, 3) + causal", sh, grad=False, window=(4, 0), causal="bottom_right"),
+        run.random_case("kv_lens", sh, grad=False, kv_lens=[70, 23]),
+        run.random_case("attn_mask", sh, grad=False, attn_mask=random_attn_mask(gen, sh, 0.5)),
+        negative,
+    ]
+    return [_with_identity_values(c) for c in cases]
+
+
+@check("softmax.probabilities")
+def probabilities(run):
+    """V = I: P itself -- masked entries exactly 0, rows sum to 1, >= 0, argmax = largest logit."""
+    for case in probability_cases(run):
+        record = run.against_reference(case)
+        if record is None:
+            continue
+        p = record.observed.out.double().cpu()
+        problems = _probability_problems(case, p, record.expected)
+        if problems:
+            record.problems += problems
+            record.status = "FAIL"
+            texts, found = support_findings(p.nan_to_num(nan=0.0), case)
+            run.notes.extend(f"{case.name}: {t}" for t in texts)
+            run.findings.extend(found)
+
+
+def _probability_problems(case, p, expected):
+    allowed = case.spec.allowed().cpu()
+    reference = expected.probabilities
+    problems = []
+    if not torch.isfinite(p).all():
+        problems.append(f"{int((~torch.isfinite(p)).sum())} probabilities are NaN/Inf")
+        p = p.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+    leaked = (p != 0) & ~allowed
+    if leaked.any():
+        problems.append(f"{int(leaked.sum())} masked positions have non-zero probability "
+                        f"(largest {float(p[leaked].abs().max()):.3g})")
+    if (p < 0).any():
+        problems.append(f"{int((p < 0).sum())} negative probabilities (smallest {float(p.min()):.3g})")
+    nonempty = allowed.any(-1)
+    sums = compare_attention(p.sum(-1)[nonempty], torch.ones(int(nonempty.sum()), dtype=torch.float64),
+                             dtype=case.dtype, name="row sums")
+    if not sums.passed:
+        problems.append(f"non-empty rows do not sum to 1: worst {sums.worst_actual:.6g} "
+                        f"({sums.mismatched} of {sums.numel} rows)")
+    top2 = reference.topk(2, dim=-1).values if reference.shape[-1] > 1 else None
+    if top2 is not None:
+        clear = nonempty & (top2[..., 0] > CLEAR_WINNER * top2[..., 1])
+        wrong = clear & (p.argmax(-1) != reference.argmax(-1))
+        if wrong.any():
+            problems.append(f"{int(wrong.sum())} rows give the largest weight to a key other than the top logit")
+    return problems
+
+
+# -- metamorphic relations
+
+
+def _grid(gen, *size, step=0.125, bound=4.0):
+    """Values on a grid of ``step`` within +-bound: sums and shifts of them stay exact in bf16."""
+    return (randn(gen, *size) * 1.5 / step).round().clamp(-bound / step, bound / step) * step
+
+
+def _relation(run, case, transformed_case, map_back):
+    """Run both, map the transformed output back, and record whether they agree."""
+    base = run.observe(case)
+    moved = run.observe(transformed_case)
+    if base is None or moved is None:
+        return None
+    rtol, atol = tolerance_for(run.dtype)
+    reference = run.expected(case)
+    comparison = compare_attention(map_back(moved.out), base.out, dtype=run.dtype, rtol=2 * rtol, atol=2 * atol,
+                                   magnitude=reference.magnitude["out"], name="out")
+    return run.record(transformed_case, comparisons=[comparison], observed=moved, expected=reference)
+
+
+def _grid_case(run, name, sh, **kw):
+    gen = generator(run.seed(name))
+    q = _grid(gen, sh.batch, sh.heads_q, sh.len_q, sh.head_dim)
+    k = _grid(gen, sh.batch, sh.heads_kv, sh.len_k, sh.head_dim)
+    v = randn(gen, sh.batch, sh.heads_kv, sh.len_k, sh.head_dim_v) + value_offsets(sh.batch, sh.heads_kv)
+    return make_case(name, q, k, v, run.dtype, run.device, run.seed(name), scale=0.125, **kw)
+
+
+@check("metamorphic.row_shift")
+def row_shift(run):
+    """Adding the same vector c to every key adds scale * q_i . c to all logits of row i: output unchanged."""
+    for kw in ({}, {"causal": "bottom_right", "kv_lens": [50, 31]}):
+        sh = shape(2, 2, 2, 24, 50, 32)
+        case = _grid_case(run, f"shift {kw}", sh, **kw)
+        gen = generator(run.seed("shift"))
+        c = 8.0 * torch.sign(randn(gen, 1, 1, 1, sh.head_dim))  # per-row shifts of up to ~+-30 logits
+        shifted = case.with_(name=f"keys + c {kw}", k=(case.k.double().cpu() + c).to(case.k))
+        _relation(run, case, shifted, lambda out: out)
+
+
+@check("metamorphic.key_permutation")
+def key_permutation(run):
+    """Permuting keys, values and mask columns together leaves every (non-causal) row unchanged."""
+    sh = shape(2, 2, 2, 24, 77, 32)
+    perm = torch.randperm(sh.len_k, generator=generator(run.seed("perm")))
+    mask = random_attn_mask(generator(run.seed("mask")), sh, 0.6)
+    for kw in ({}, {"attn_mask": mask}):
+        case = run.random_case(f"permuted keys {list(kw)}", sh, grad=False, **kw)
+        moved_kw = {"attn_mask": case.kwargs["attn_mask"][..., perm.to(run.device)]} if kw else {}
+        moved = case.with_(k=case.k[:, :, perm.to(run.device)].contiguous(),
+                           v=case.v[:, :, perm.to(run.device)].contiguous(), kwargs={**case.kwargs, **moved_kw})
+        _relation(run, case, moved, lambda out: out)
+
+
+@check("metamorphic.batch_head_permutation")
+def batch_head_permutation(run):
+    """Rotating batches and KV heads (with their query-head groups) rotates the output the same way."""
+    for sh, kw in [(shape(3, 4, 2, 20, 37, 32), {"causal": "bottom_right", "kv_lens": [37, 20, 9]}),
+                   (shape(2, 3, 3, 20, 37, 32), {"attn_mask": True})]:
+        if kw.get("attn_mask") is True:
+            kw = {"attn_mask": random_attn_mask(generator(run.seed("mask")), sh, 0.7)}
+        case = run.random_case(f"rotated batches and heads {list(kw)}", sh, grad=False, **kw)
+        batches = torch.roll(torch.arange(sh.batch), -1)  # new batch b is old batch b + 1: no fixed point
+        kv_heads = torch.roll(torch.arange(sh.heads_kv), -1)
+        group = sh.heads_q // sh.heads_kv
+        q_heads = (kv_heads[:, None] * group + torch.arange(group)).flatten()
+        moved = _rotate(case, batches, q_heads, kv_heads)
+        _relation(run, case, moved, lambda out: _unrotate(out, batches, q_heads))
+
+
+def _rotate(case, batches, q_heads, kv_heads):
+    dev = case.q.device
+    b, hq, hkv = batches.to(dev), q_heads.to(dev), kv_heads.to(dev)
+    kw = dict(case.kwargs)
+    if "kv_lens" in kw:
+        kw["kv_lens"] = [kw["kv_lens"][i] for i in batches.tolist()]
+    if "attn_mask" in kw:
+        kw["attn_mask"] = kw["attn_mask"][b][:, hq]
+    return case.with_(q=case.q[b][:, hq].contiguous(), k=case.k[b][:, hkv].contiguous(),
+                      v=case.v[b][:, hkv].contiguous(), kwargs=kw)
+
+
+def _unrotate(out, batches, q_heads):
+    restored = torch.empty_like(out)
+    restored[batches.to(out.device)[:, None], q_heads.to(out.device)[None, :]] = out
+    return restored
+
+
+# -- repeatability
+
+
+def _same_nans(a, b):
+    """NaN where both calls gave NaN agrees (other checks judge the NaN itself)."""
+    both = torch.isnan(a) & torch.isnan(b)
+    return a.masked_fill(both, 0.0), b.masked_fill(both, 0.0)
+
+
+def _poison(t: torch.Tensor, copies=4):
+    """Fill and free buffers of ``t``'s size with NaN, so the allocator hands back dirty memory."""
+    for _ in range(copies):
+        junk = torch.full_like(t, float("nan"))
+        del junk
+
+
+@check("repeat.calls")
+def repeat_calls(run):
+    """Three identical calls agree (NaN-filled memory freed between them): no race, no uninitialised read."""
+    sh = shape(2, 2, 2, 24, 40, 32)
+    mask = random_attn_mask(generator(run.seed("mask")), sh, 0.6)
+    mask[:, :, ::4] = False
+    cases = [(run.random_case("rows without keys", sh, grad=False, attn_mask=mask), False),
+             (run.random_case("gqa causal, backward", shape(2, 4, 2, 33, 47, 32), causal="bottom_right"), True)]
+    for case, backward in cases:
+        first = run.observe(case, backward=backward)
+        if first is None:
+            continue
+        expected = run.expected(case, backward=backward)
+        names = ("out", "dq", "dk", "dv") if backward else ("out",)
+        rtol, atol = tolerance_for(run.dtype)
+        comparisons, identical = [], True
+        for _ in range(2):
+            for n in names:
+                _poison(first.get(n))
+            again = run.observe(case, backward=backward)
+            if again is None:
+                break
+            for n in names:
+                now, before = _same_nans(again.get(n), first.get(n))
+                identical &= torch.equal(now, before)
+                comparisons.append(compare_attention(now, before, dtype=run.dtype, rtol=rtol, atol=atol,
+                                                     magnitude=expected.magnitude[n], name=f"{n} (repeat)"))
+        record = run.record(case, comparisons=comparisons, backward=backward, observed=first, expected=expected)
+        run.note(f"{case.name}: repeated calls {'bitwise identical' if identical else 'differ in the last bits'}")
+        if record.status == "FAIL":
+            run.find("nondeterminism", STRONG, f"{case.name}: identical calls disagree beyond the tolerance")

@@ -1,0 +1,416 @@
+"""Diagnosis: where a failure sits, and which bug most likely causes it, in plain words.
+
+Evidence comes in three strengths:
+
+* **localisation** (every failing comparison): which batches, heads, query rows or key
+  columns fail, and whether they form a known pattern (every other head, all batches but
+  the first, exactly the rows with no allowed key, the last partial key block);
+* **explanations** (a failing case): the result equals the reference times a named
+  constant (1/ln 2, the scale, 1 - p, the group size), or equals the reference of a
+  *mutant* problem (heads mapped ``h % Hkv``, every batch reading batch 0, the other causal
+  alignment, padding keys read as zeros, the group's gradient not summed);
+* **targeted probes and controls** inside the checks (V = identity shows the probabilities
+  and thus the mask actually used; increasing scores force the online softmax to rescale;
+  a contiguous, MHA or dropout-free twin of a failing case that passes).
+
+Each piece of evidence is a :class:`Finding` naming a :data:`BUG_CLASSES` entry (or none,
+for a bare observation) with a weight; :func:`summarise` ranks the classes over a run.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from attnformal.masks import MaskGeometry, key_interval
+from attnformal.oracle import oracle_from_spec
+from attnformal.spec import AttentionSpec
+
+STRONG, PATTERN, HINT = 3.0, 2.0, 1.0  # finding weights: named by a probe or mutant / by a pattern / a hint
+COMMON_BLOCKS = (16, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class BugClass:
+    id: str
+    title: str
+
+
+BUG_CLASSES = {c.id: c for c in (
+    BugClass("acc_not_rescaled", "the output accumulator is not rescaled when the running maximum grows"),
+    BugClass("denominator_not_rescaled", "the softmax denominator is not rescaled when the running maximum grows"),
+    BugClass("mask_after_max", "masked scores take part in the row maximum (mask applied after the max), "
+                               "so the allowed keys underflow"),
+    BugClass("finite_mask_fill", "masked scores are filled with a finite value (like -1e4) instead of -inf"),
+    BugClass("nan_empty_rows", "rows with no allowed key give NaN/Inf (0/0) instead of output 0 and lse -inf"),
+    BugClass("ragged_block", "the last, partial key block is read past the end as zeros that enter the softmax "
+                             "(no bounds mask)"),
+    BugClass("causal_alignment", "the causal mask is aligned top-left where bottom-right was asked (or the reverse)"),
+    BugClass("causal_off_by_one", "the causal boundary is off by one key"),
+    BugClass("window_off_by_one", "a sliding-window boundary is off by one key"),
+    BugClass("kv_lens_ignored", "per-batch key lengths (kv_lens) are not applied"),
+    BugClass("mask_wrong", "the mask admits or excludes keys it should not"),
+    BugClass("gqa_head_mapping", "query heads read the wrong KV head (GQA mapping, e.g. h % Hkv instead of "
+                                 "h // (Hq / Hkv))"),
+    BugClass("gqa_backward_not_summed", "dK/dV of a shared KV head are not summed over its group of query heads"),
+    BugClass("gradient_scale", "a gradient is off by a constant factor (a missing or extra scale)"),
+    BugClass("backward_delta", "the backward's D = rowsum(dO * O) term is wrong"),
+    BugClass("backward_wrong", "the backward is wrong while the forward is right"),
+    BugClass("lse_base2", "lse is in base 2 instead of the natural log"),
+    BugClass("lse_wrong", "lse is wrong while the output is right"),
+    BugClass("dropout_scaling", "kept values are not rescaled by 1/(1-p)"),
+    BugClass("dropout_rate", "the kept fraction is not 1 - p"),
+    BugClass("dropout_backward", "the backward does not apply the forward's dropout mask"),
+    BugClass("batch_indexing", "batches read the wrong batch's inputs (e.g. all read batch 0)"),
+    BugClass("scale_ignored", "the scale argument is ignored or applied wrongly"),
+    BugClass("softcap_wrong", "softcap is applied wrongly (e.g. before the scale)"),
+    BugClass("strides_ignored", "non-contiguous inputs are read as if contiguous (strides ignored)"),
+    BugClass("low_precision_accumulation", "accumulation in low precision: the error grows with the sequence length"),
+    BugClass("nondeterminism", "repeated identical calls disagree (a race or an uninitialised read)"),
+    BugClass("uninitialised_output", "part of the output is never written (uninitialised memory)"),
+    BugClass("input_mutation", "the implementation modifies its inputs in place"),
+    BugClass("contract", "the protocol's contract is broken (shape, dtype, missing gradient or a crash)"),
+)}
+
+
+@dataclass(frozen=True)
+class Finding:
+    bug: str | None  # a BUG_CLASSES id; None: an observation that names no class
+    weight: float
+    evidence: str
+
+    def to_json(self) -> dict:
+        return {"bug": self.bug, "weight": self.weight, "evidence": self.evidence}
+
+
+def finding(bug, weight, evidence) -> Finding:
+    assert bug is None or bug in BUG_CLASSES, f"unknown bug class {bug!r}"
+    return Finding(bug, weight, evidence)
+
+
+# ---------------------------------------------------------------- localisation
+
+def _ranges(indices) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2, 5, 7-8"``."""
+    parts, start, prev = [], None, None
+    for i in list(indices) + [None]:
+        if start is None:
+            start = prev = i
+        elif i is not None and i == prev + 1:
+            prev = i
+        else:
+            parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = i
+    return ", ".join(parts[:8]) + (", ..." if len(parts) > 8 else "")
+
+
+def localise(name: str, over: torch.Tensor, case, expected) -> tuple[str, list[Finding]]:
+    """Where ``over`` (elements of ``name`` beyond tolerance) sits, and the patterns it forms."""
+    spec = case.spec
+    per_axis = [over.transpose(0, a).reshape(over.shape[a], -1).any(1) for a in range(3)]
+    batches, heads, rows = (torch.nonzero(x).flatten().tolist() for x in per_axis)
+    nb, nh, nr = (over.shape[a] for a in range(3))
+    row_word = "key rows" if name in ("dk", "dv") else "query rows"
+    text = (f"{name} fails at {int(over.sum())}/{over.numel()} elements in batches [{_ranges(batches)}] of {nb}, "
+            f"heads [{_ranges(heads)}] of {nh}, {row_word} [{_ranges(rows)}] of {nr}")
+    found = []
+    if nb > 1 and batches == list(range(1, nb)):
+        found.append(finding("batch_indexing", HINT, "every batch fails except batch 0"))
+    if name not in ("dk", "dv") and spec.group > 1 and spec.heads_kv > 1:
+        h = torch.arange(spec.heads_q)
+        misread = torch.nonzero(h // spec.group != h % spec.heads_kv).flatten().tolist()
+        if heads == misread:
+            found.append(finding("gqa_head_mapping", PATTERN,
+                                 f"exactly the heads whose h % Hkv differs from h // (Hq/Hkv) fail: {heads}"))
+    if name in ("out", "lse", "dq") and expected.probabilities is not None:
+        empty = expected.probabilities.sum(-1) == 0  # [B, Hq, Sq]
+        failing_rows = over if name == "lse" else over.any(-1)
+        if failing_rows.any() and bool((failing_rows <= empty).all()):
+            found.append(_empty_row_finding(name, over, case))
+    if name in ("dk", "dv") and spec.len_k % 16:
+        tail = _ragged_tail_only(over, spec.len_k)
+        if tail:
+            found.append(finding("ragged_block", PATTERN, f"only keys of the last partial block of {tail} fail"))
+    return text, found
+
+
+def _empty_row_finding(name, over, case) -> Finding:
+    return finding(None, HINT, f"{name} fails only on rows with no allowed key")
+
+
+def _ragged_tail_only(over, len_k):
+    failing = torch.nonzero(over.transpose(0, 2).reshape(len_k, -1).any(1)).flatten()
+    for block in COMMON_BLOCKS:
+        start = len_k - len_k % block
+        if start > 0 and len_k % block and failing.numel() and int(failing.min()) >= start:
+            return block
+    return None
+
+
+# ---------------------------------------------------------------- explanations: constant factors
+
+def named_constants(case) -> dict[str, float]:
+    """Constants a wrong factor is likely to be, the case's own first (they win ties)."""
+    spec = case.spec
+    consts = {"the scale": spec.scale, "1/scale": 1 / spec.scale}
+    if spec.dropout_p > 0:
+        consts.update({"1-p": 1 - spec.dropout_p, "1/(1-p)": 1 / (1 - spec.dropout_p)})
+    if spec.group > 1:
+        consts.update({"Hq/Hkv": float(spec.group), "Hkv/Hq": 1 / spec.group})
+    consts.update({"1/ln 2": 1 / math.log(2), "ln 2": math.log(2), "2": 2.0, "1/2": 0.5, "-1": -1.0})
+    return consts
+
+
+def name_factor(c: float, case, within=0.01) -> str | None:
+    """The named constant closest to ``c`` (relative difference below ``within``), if any."""
+    close = [(abs(c / value - 1), label) for label, value in named_constants(case).items()
+             if abs(c / value - 1) < within]
+    return min(close)[1] if close else None
+
+
+def factor_finding(name: str, actual, reference, case) -> Finding | None:
+    """If ``actual`` is ``c * reference`` for a constant ``c != 1``, say so (and name ``c``)."""
+    a, r = actual.detach().double().cpu(), reference.double()
+    keep = torch.isfinite(r) & torch.isfinite(a)
+    a, r = a[keep], r[keep]
+    norm = float(r.norm())
+    if not norm or not torch.isfinite(a).all():
+        return None
+    c = float((a * r).sum() / (r * r).sum())
+    if abs(c - 1) < 0.02 or float((a - c * r).norm()) > 0.01 * norm:
+        return None
+    label = name_factor(c, case)
+    what = f"{name} = {c:.4g} x the reference" + (f" (= {label})" if label else "")
+    return finding(_factor_bug(name, label), STRONG if label else PATTERN, what)
+
+
+def _factor_bug(name, label):
+    if name == "lse":
+        return "lse_base2" if label == "1/ln 2" else "lse_wrong"
+    if label in ("1-p", "1/(1-p)"):  # the forward's missing (or doubled) 1/(1-p), carried into the backward
+        return "dropout_scaling"
+    if name == "out":
+        return None
+    if label in ("Hq/Hkv", "Hkv/Hq") and name in ("dk", "dv"):
+        return "gqa_backward_not_summed"
+    return "gradient_scale"
+
+
+# ---------------------------------------------------------------- explanations: mutant problems
+
+def _reference_of(q, k, v, grad_out, **kwargs):
+    spec = AttentionSpec.from_inputs(q, k, v, **kwargs)
+    leaves = [t.detach().cpu().double().requires_grad_(grad_out is not None) for t in (q, k, v)]
+    out, lse = oracle_from_spec(spec, *leaves)
+    values = {"out": out.detach(), "lse": lse.detach()}
+    if grad_out is not None:
+        values.update(zip(("dq", "dk", "dv"), torch.autograd.grad(out, leaves, grad_out.double().cpu())))
+    return values
+
+
+def _cpu_kwargs(case):
+    return {key: (v.cpu() if isinstance(v, torch.Tensor) else v) for key, v in case.kwargs.items()}
+
+
+def _mutants(case, backward: bool):
+    """``(bug, description, values)`` for each mutant problem that differs from the case."""
+    spec = case.spec
+    q, k, v = (t.detach().cpu().double() for t in (case.q, case.k, case.v))
+    grad_out = case.grad_out.detach().cpu().double() if backward else None
+    kw = _cpu_kwargs(case)
+    if spec.group > 1 and spec.heads_kv > 1:
+        modulo = torch.arange(spec.heads_q) % spec.heads_kv
+        yield ("gqa_head_mapping", "query head h reads KV head h % Hkv",
+               lambda: _reference_of(q, k[:, modulo], v[:, modulo], grad_out, **kw), ("out", "lse"))
+    if spec.batch > 1:
+        first = torch.zeros(spec.batch, dtype=torch.long)
+        kw0 = {**kw, "kv_lens": None if spec.kv_lens is None else [spec.kv_lens[0]] * spec.batch}
+        yield ("batch_indexing", "every batch reads K and V of batch 0",
+               lambda: _reference_of(q, k[first], v[first], grad_out, **kw0), ("out", "lse"))
+        yield ("batch_indexing", "every batch reads Q, K and V of batch 0",
+               lambda: _reference_of(q[first], k[first], v[first], grad_out, **kw0), ("out", "lse"))
+    if spec.causal and spec.len_q != spec.len_k:
+        other = "top_left" if spec.causal == "bottom_right" else "bottom_right"
+        yield ("causal_alignment", f"causal={other!r} was used instead of {spec.causal!r}",
+               lambda: _reference_of(q, k, v, grad_out, **{**kw, "causal": other}), ("out", "lse"))
+    if "scale" in kw:
+        yield ("scale_ignored", "the scale argument was ignored (1/sqrt(D) used)",
+               lambda: _reference_of(q, k, v, grad_out, **{**kw, "scale": None}), ("out", "lse"))
+    if spec.kv_lens is not None:
+        yield ("kv_lens_ignored", "kv_lens was ignored",
+               lambda: _reference_of(q, k, v, grad_out, **{**kw, "kv_lens": None}), ("out", "lse"))
+    if _mask_free(kw):
+        for block in COMMON_BLOCKS:
+            if spec.len_k % block and spec.len_k > block // 2:
+                yield ("ragged_block", f"the last key block (block size {block}) is padded with zero keys "
+                                       f"that enter the softmax",
+                       _padded_reference(q, k, v, grad_out, kw, block), ("out", "lse"))
+    if backward and spec.group > 1:
+        for pick in ("first", "last"):
+            yield ("gqa_backward_not_summed", f"dK/dV of each KV head come from the {pick} query head of its "
+                                              f"group only", _one_head_gradients(q, k, v, grad_out, kw, spec, pick),
+                   ("dk", "dv"))
+
+
+def _mask_free(kw) -> bool:
+    return not any(kw.get(name) is not None for name in ("causal", "window", "kv_lens", "attn_mask"))
+
+
+def _padded_reference(q, k, v, grad_out, kw, block):
+    def run():
+        pad = block - k.shape[2] % block
+        k_pad = torch.cat([k, k.new_zeros(*k.shape[:2], pad, k.shape[3])], 2)
+        v_pad = torch.cat([v, v.new_zeros(*v.shape[:2], pad, v.shape[3])], 2)
+        values = _reference_of(q, k_pad, v_pad, grad_out, **kw)
+        for name in ("dk", "dv"):
+            if name in values:
+                values[name] = values[name][:, :, : k.shape[2]]
+        return values
+    return run
+
+
+def _one_head_gradients(q, k, v, grad_out, kw, spec, pick):
+    def run():
+        heads = spec.kv_heads()
+        values = _reference_of(q, k[:, heads], v[:, heads], grad_out, **kw)  # one KV head per query head
+        member = 0 if pick == "first" else spec.group - 1
+        for name in ("dk", "dv"):
+            values[name] = values[name].unflatten(1, (spec.heads_kv, spec.group))[:, :, member]
+        return values
+    return run
+
+
+def mutant_findings(case, observed, names, failing: dict[str, float], *, backward: bool) -> list[Finding]:
+    """Mutant problems whose reference explains the failing tensors far better than the true one.
+
+    ``failing`` maps each failing tensor name to its largest error against the true reference;
+    a mutant explains it when its largest error is below 5% of that, for every failing tensor
+    the mutant speaks about.
+    """
+    found = []
+    if not all(math.isfinite(e) for e in failing.values()):
+        return found  # NaN or Inf in the result: no mutant's finite values can explain it
+    for bug, description, compute, speaks_about in _mutants(case, backward):
+        relevant = [n for n in failing if n in names and (n in speaks_about or n in ("dq", "dk", "dv"))]
+        if not relevant:
+            continue
+        values = compute()
+        explained = all(
+            _max_error(observed.get(n), values[n]) <= 0.05 * failing[n] for n in relevant if n in values)
+        if explained and any(n in values for n in relevant):
+            found.append(finding(bug, STRONG, f"the result matches a problem where {description}"))
+    return found
+
+
+def _max_error(actual, reference) -> float:
+    diff = (actual.detach().double().cpu() - reference.double()).abs()
+    same = torch.isinf(reference) & (actual.detach().double().cpu() == reference)
+    diff = torch.where(same, 0.0, diff).nan_to_num(nan=math.inf)
+    return float(diff.max()) if diff.numel() else 0.0
+
+
+# ---------------------------------------------------------------- probabilities: the mask actually used
+
+def support_findings(p_impl: torch.Tensor, case) -> tuple[list[str], list[Finding]]:
+    """Compare where the implementation's probabilities are non-zero with the allowed pairs.
+
+    ``p_impl`` is ``[B, Hq, Sq, Sk]`` (the output with V = identity). Extra or missing keys
+    are attributed to the boundary they sit next to: the causal edge, a window edge, kv_lens.
+    """
+    spec = case.spec
+    allowed = spec.allowed().cpu()
+    nonzero = p_impl.detach().cpu() != 0
+    extra, missing = nonzero & ~allowed, ~nonzero & allowed
+    if not extra.any() and not missing.any():
+        return [], []
+    texts = [f"probabilities non-zero at {int(extra.sum())} masked positions and zero at {int(missing.sum())} "
+             f"allowed ones"]
+    if spec.causal and spec.len_q != spec.len_k:
+        other = "top_left" if spec.causal == "bottom_right" else "bottom_right"
+        other_allowed = AttentionSpec.from_inputs(case.q.cpu(), case.k.cpu(), _dv_like(case),
+                                                  **{**_cpu_kwargs(case), "causal": other}).allowed()
+        if torch.equal(nonzero, other_allowed):
+            return texts, [finding("causal_alignment", STRONG,
+                                   f"the probabilities follow causal={other!r} exactly, not {spec.causal!r}")]
+    counts = _edge_counts(extra, missing, spec)
+    total = int(extra.sum() + missing.sum())
+    edge, n = max(counts.items(), key=lambda item: item[1])
+    texts.append("violations by boundary: " + ", ".join(f"{k}: {v}" for k, v in counts.items() if v))
+    if n >= 0.9 * total:
+        bug = {"causal": "causal_off_by_one", "window": "window_off_by_one", "kv_lens": "kv_lens_ignored"}.get(
+            edge.split()[0], "mask_wrong")
+        return texts, [finding(bug, STRONG, f"the mask differs only at the {edge} ({n} positions)")]
+    return texts, [finding("mask_wrong", PATTERN, texts[0])]
+
+
+def _dv_like(case):
+    return case.v.cpu()
+
+
+def _edge_counts(extra, missing, spec: AttentionSpec) -> dict[str, int]:
+    """How many violations sit one key past / on each boundary of each row's allowed interval."""
+    counts = {"causal edge": 0, "window edge": 0, "kv_lens edge": 0, "elsewhere": 0}
+    j = torch.arange(spec.len_k)
+    i = torch.arange(spec.len_q)[:, None]
+    for b in range(spec.batch):
+        g = spec.geometry(b)
+        lo, hi = (torch.as_tensor(x).expand(spec.len_q, 1) for x in key_interval(i, g))
+        owners_hi = _upper_owner(i, g)
+        bad_extra, bad_missing = extra[b], missing[b]  # [Hq, Sq, Sk]
+        beyond = j[None, :] >= g.len_k
+        near_hi = ((j[None, :] == hi + 1) & bad_extra) | ((j[None, :] == hi) & bad_missing)
+        near_lo = ((j[None, :] == lo - 1) & bad_extra) | ((j[None, :] == lo) & bad_missing)
+        kv = bad_extra & beyond
+        for owner in ("causal", "window", "kv_lens"):
+            rows = torch.tensor([o == owner for o in owners_hi])[None, :, None]
+            counts[f"{owner} edge"] += int((near_hi & rows & ~kv).sum())
+        counts["window edge"] += int((near_lo & ~near_hi).sum())
+        counts["kv_lens edge"] += int(kv.sum())
+        counts["elsewhere"] += int(((bad_extra | bad_missing) & ~near_hi & ~near_lo & ~kv).sum())
+    return counts
+
+
+def _upper_owner(i, g: MaskGeometry) -> list[str]:
+    """Per row, the rule that sets its last allowed key: 'causal', 'window' or 'kv_lens' (the length)."""
+    rows = i.flatten().tolist()
+    owners = []
+    for row in rows:
+        candidates = [(g.len_k - 1, "kv_lens")]
+        if g.causal == "top_left":
+            candidates.append((row, "causal"))
+        elif g.causal == "bottom_right":
+            candidates.append((row + g.offset, "causal"))
+        if g.window is not None and g.window[1] >= 0:
+            candidates.append((row + g.offset + g.window[1], "window"))
+        owners.append(min(candidates, key=lambda c: (c[0], c[1] == "kv_lens"))[1])
+    return owners
+
+
+# ---------------------------------------------------------------- the verdict of a run
+
+@dataclass
+class Ranked:
+    bug: str
+    title: str
+    score: float
+    evidence: list[str]
+
+
+def summarise(results) -> list[Ranked]:
+    """Rank bug classes over every failing check: the strongest finding first, then how many agree."""
+    best: dict[str, Ranked] = {}
+    weight: dict[str, float] = {}
+    for result in results:
+        if result.status != "FAIL":
+            continue
+        for f in result.findings:
+            if f.bug is None:
+                continue
+            entry = best.setdefault(f.bug, Ranked(f.bug, BUG_CLASSES[f.bug].title, 0.0, []))
+            weight[f.bug] = max(weight.get(f.bug, 0.0), f.weight)
+            entry.evidence.append(f"{result.label}: {f.evidence}")
+    for bug, entry in best.items():
+        entry.score = weight[bug] + 0.01 * min(len(entry.evidence), 50)
+    return sorted(best.values(), key=lambda r: -r.score)

@@ -1,0 +1,176 @@
+"""What a case's results should be, how accurately that is known, and how much error is fair.
+
+:func:`expected_for` returns the reference values of out, lse (and dQ, dK, dV) with
+
+* ``radius``: the reference's own error bound. The certified reference
+  (:func:`attnformal.reference.certified_attention`, when installed) gives a rigorous
+  radius per element; the fp64 oracle's a-priori bound is ``(Sk + D) * 2^-52 * magnitude``;
+* ``magnitude``: how large the rounding errors of a correct kernel can be, per element,
+  in units that the dtype's ``atol`` multiplies. Each result is a sum of terms (the output
+  ``out_i = sum_j P_ij v_j``; dV, dQ and dK through the FlashAttention-2 formulas). A
+  correct kernel rounds each term to the storage dtype at most a few times (FA2 rounds P
+  to bf16 before P @ V), which costs about ``u_dtype * sqrt(sum of squared terms)``: the
+  root-sum-square of the terms. It accumulates in float32 (float64 for float64 inputs),
+  which costs at most ``u_compute * sqrt(n) * sum |terms|``, where the first-order effect of
+  an error ``u |s_ij|`` in each score is included, with ``|s_ij| <= scale * |q_i| . |k_j|``.
+  The effective magnitude is ``rss + (atol_compute / atol_dtype) * growth(n) * abs_sum``,
+  so one table row (:data:`attnformal.testing.TOLERANCES`) judges the element. lse is
+  returned in float32, so it is judged by the float32 row.
+
+:func:`naive_for` is the control of flash-attention's own tests: the same dense
+computation in the dtype under test, whose error a good kernel should not exceed by much.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from attnformal.oracle import oracle_from_spec, oracle_output, oracle_probabilities
+from attnformal.spec import AttentionSpec
+from attnformal.testing import accumulation_growth, tolerance_for
+
+FORWARD = ("out", "lse")
+GRADIENTS = ("dq", "dk", "dv")
+CERTIFIED_MAX_SCORES = 2**17  # larger cases use the oracle: the certified path's cost grows with B*H*Sq*Sk
+ORACLE_ERROR = 2.0**-52
+
+
+@dataclass
+class Expected:
+    values: dict[str, torch.Tensor]  # float64, on the CPU
+    magnitude: dict[str, torch.Tensor]  # effective error magnitude (module docstring)
+    radius: dict[str, torch.Tensor | float]
+    dtypes: dict[str, torch.dtype]  # the table row each tensor is judged by
+    source: str
+    probabilities: torch.Tensor = field(repr=False, default=None)  # P before dropout, [B, Hq, Sq, Sk]
+
+    def tolerance(self, name) -> dict:
+        """Keyword arguments of :func:`attnformal.testing.compare_attention` for tensor ``name``."""
+        return {"dtype": self.dtypes[name], "magnitude": self.magnitude[name], "reference_error": self.radius[name]}
+
+
+def expected_for(case, *, backward: bool, use_certified: bool = True) -> Expected:
+    """The reference for ``case`` (gradients only with ``backward``)."""
+    spec = case.spec
+    q, k, v = (t.detach().cpu().double() for t in (case.q, case.k, case.v))
+    spec = _on_cpu(spec)
+    grad_out = case.grad_out.detach().cpu().double() if backward else None
+    values, radius, source = None, None, "fp64 oracle"
+    if use_certified and spec.batch * spec.heads_q * spec.len_q * spec.len_k <= CERTIFIED_MAX_SCORES:
+        values, radius, source = _certified(case, q, k, v, grad_out)
+    oracle, p = _oracle_values(spec, q, k, v, grad_out)
+    values = values or oracle
+    dtypes = {name: _lse_dtype(case.dtype) if name == "lse" else case.dtype for name in values}
+    rss, abs_sum = _term_sizes(spec, q, k, v, p, values["out"], grad_out)
+    growth = {name: accumulation_growth(n) for name, n in _accumulation(spec).items()}
+    magnitude = {name: rss[name] + _compute_share(dtypes[name]) * growth[name] * abs_sum[name] for name in values}
+    if radius is None:
+        radius = {name: (spec.len_k + spec.head_dim) * ORACLE_ERROR * abs_sum[name] for name in values}
+    return Expected(values, magnitude, radius, dtypes, source, p)
+
+
+def _lse_dtype(dtype):
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _compute_share(dtype) -> float:
+    """``atol_compute / atol_dtype``: the weight of the compute precision's errors in ``dtype`` units."""
+    return tolerance_for(_lse_dtype(dtype)).atol / tolerance_for(dtype).atol
+
+
+def _on_cpu(spec: AttentionSpec) -> AttentionSpec:
+    """The spec with its mask tensors on the CPU, where the references run."""
+    from dataclasses import replace
+
+    def cpu(t):
+        return None if t is None else t.cpu()
+
+    return replace(spec, attn_mask=cpu(spec.attn_mask), dropout_mask=cpu(spec.dropout_mask))
+
+
+def _oracle_values(spec, q, k, v, grad_out) -> tuple[dict, torch.Tensor]:
+    """The oracle's values (gradients through autograd) and its probabilities P."""
+    leaves = [t.clone().requires_grad_(grad_out is not None) for t in (q, k, v)]
+    p, lse = oracle_probabilities(spec, *leaves[:2])
+    out = oracle_output(spec, p, leaves[2])
+    values = {"out": out.detach(), "lse": lse.detach()}
+    if grad_out is not None:
+        dq, dk, dv = torch.autograd.grad(out, leaves, grad_out)
+        values.update(dq=dq, dk=dk, dv=dv)
+    return values, p.detach()
+
+
+def _certified(case, q, k, v, grad_out):
+    """Values and rigorous radii from the certified reference, or Nones when it is absent or fails."""
+    try:
+        from attnformal.reference import certified_attention
+    except ImportError:
+        return None, None, "fp64 oracle (certified reference not installed)"
+    kwargs = {key: (val.cpu() if isinstance(val, torch.Tensor) else val) for key, val in case.kwargs.items()}
+    try:
+        result = certified_attention(q, k, v, grad_out, **kwargs)
+    except Exception as err:  # the battery must still run; the report names the fallback and why
+        return None, None, f"fp64 oracle (certified reference failed: {type(err).__name__}: {err})"
+    names = FORWARD + (GRADIENTS if grad_out is not None else ())
+    values = {name: getattr(result, name) for name in names}
+    radius = {name: getattr(result, f"{name}_radius") for name in names}
+    return values, radius, f"certified ({result.tier})"
+
+
+def _accumulation(spec: AttentionSpec) -> dict[str, int]:
+    """Terms summed per element: keys for out/lse/dQ, query rows of the whole group for dK/dV."""
+    per_key = spec.len_q * spec.group
+    return {"out": spec.len_k, "lse": spec.len_k, "dq": spec.len_k, "dk": per_key, "dv": per_key}
+
+
+def _group_sum(t, spec: AttentionSpec):
+    """Sum a ``[B, Hq, ...]`` tensor over the query heads that share each KV head."""
+    out = torch.zeros(t.shape[0], spec.heads_kv, *t.shape[2:], dtype=t.dtype)
+    return out.index_add_(1, spec.kv_heads(), t)
+
+
+def dropout_weights(spec: AttentionSpec):
+    """The keep-mask scaled by ``1 / (1 - p)``, or 1 without dropout replay."""
+    if spec.dropout_mask is None:
+        return 1.0
+    return spec.dropout_mask.double() / (1.0 - spec.dropout_p)
+
+
+def _term_sizes(spec, q, k, v, p, out, grad_out) -> tuple[dict, dict]:
+    """Per element: the root-sum-square and the abs-sum (with score errors) of the summed terms."""
+    q, k, v, p, out = (t.float() for t in (q, k, v, p, out))
+    heads = spec.kv_heads()
+    kx, vx = k[:, heads], v[:, heads]
+    score_size = spec.scale * (q.abs() @ kx.abs().transpose(-1, -2))  # bounds |s_ij|, so its error
+    w = dropout_weights(spec)
+    w = w.float() if isinstance(w, torch.Tensor) else w
+    pw = p * w
+    rss = {"out": ((pw * pw) @ (vx * vx)).sqrt(), "lse": torch.ones_like(out[..., 0])}
+    abs_sum = {"out": (pw * (1 + score_size)) @ vx.abs() + (pw * score_size).sum(-1, keepdim=True) * out.abs(),
+               "lse": 1 + (p * score_size).sum(-1)}
+    if grad_out is not None:
+        do = grad_out.float()
+        ds_terms = p * ((w * (do.abs() @ vx.abs().transpose(-1, -2))) + (do.abs() * out.abs()).sum(-1, keepdim=True))
+        ds_sq, ds_abs = ds_terms * ds_terms, ds_terms * (1 + score_size)
+        rss["dq"] = spec.scale * (ds_sq @ (kx * kx)).sqrt()
+        rss["dk"] = spec.scale * _group_sum(ds_sq.transpose(-1, -2) @ (q * q), spec).sqrt()
+        rss["dv"] = _group_sum((pw * pw).transpose(-1, -2) @ (do * do), spec).sqrt()
+        abs_sum["dq"] = spec.scale * ds_abs @ kx.abs()
+        abs_sum["dk"] = spec.scale * _group_sum(ds_abs.transpose(-1, -2) @ q.abs(), spec)
+        abs_sum["dv"] = _group_sum((pw * (1 + score_size)).transpose(-1, -2) @ do.abs(), spec)
+    return ({n: t.double() for n, t in rss.items()}, {n: t.double() for n, t in abs_sum.items()})
+
+
+def naive_for(case, *, backward: bool) -> dict[str, torch.Tensor]:
+    """Dense attention computed in the case's own dtype (flash-attention's ``upcast=False`` control)."""
+    spec = _on_cpu(case.spec)
+    dtype = case.dtype
+    leaves = [t.detach().cpu().clone().requires_grad_(backward) for t in (case.q, case.k, case.v)]
+    out, lse = oracle_from_spec(spec, *leaves, dtype=dtype)
+    values = {"out": out.detach(), "lse": lse.detach()}
+    if backward:
+        dq, dk, dv = torch.autograd.grad(out, leaves, case.grad_out.detach().cpu().to(dtype))
+        values.update(dq=dq, dk=dk, dv=dv)
+    return values

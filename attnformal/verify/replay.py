@@ -1,0 +1,45 @@
+"""Replaying a saved reproducer: the exact failing case, run again and explained.
+
+A reproducer (written by the battery for every failing check) holds the inputs bit for bit,
+the keyword arguments (masks included), dO, the flags of the call and the spec as JSON.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from attnformal.verify.cases import Case, non_contiguous
+from attnformal.verify.checks import Check
+from attnformal.verify.runner import DTYPE_NAMES, CheckResult, Settings, run_check
+
+
+def load_reproducer(path) -> tuple[Case, dict]:
+    try:
+        data = torch.load(Path(path), weights_only=False)
+        case = Case.from_payload(data["case"])
+    except (OSError, KeyError, RuntimeError, TypeError) as err:
+        raise ValueError(f"argument '--replay': {path} is not a reproducer written by the battery: {err}") from None
+    if any(stride != list(getattr(case, n).stride()) for n, stride in data["case"]["strides"].items()):
+        case = case.with_(q=non_contiguous(case.q), k=non_contiguous(case.k), v=non_contiguous(case.v))
+    return case, data
+
+
+def replay(settings: Settings, path) -> tuple[CheckResult, str]:
+    case, data = load_reproducer(path)
+    case = case.with_(q=case.q.to(settings.device), k=case.k.to(settings.device), v=case.v.to(settings.device))
+
+    def rerun(run):
+        run.against_reference(case, lse=data["lse"], backward=data["backward"])
+
+    settings = Settings(**{**settings.__dict__, "tolerance": data.get("tolerance", settings.tolerance),
+                           "repro_dir": None})
+    result = run_check(settings, Check(f"replay:{data['check']}", rerun, "replay"), DTYPE_NAMES[data["dtype"]])
+    lines = [f"replaying {path}: check {data['check']} [{data['dtype']}] of impl {data['impl']} "
+             f"(run seed {data['run_seed']})", f"case: {case.describe()} (seed {case.seed})",
+             f"result: {result.status} -- {result.summary}"]
+    lines += [f"    {line}" for d in result.details for line in d.splitlines()]
+    lines += [f"    -> [{f.bug}] {f.evidence}" for f in result.findings]
+    lines.append(f"rerun the whole check: {data['rerun']}")
+    return result, "\n".join(lines)

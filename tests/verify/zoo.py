@@ -1,0 +1,254 @@
+"""The zoo: attention implementations with exactly one bug each, to test the battery.
+
+:func:`attention` is a compact FlashAttention-2 in plain torch: the forward folds key
+blocks of ``BLOCK_N`` keys into an online-softmax state (m, l, acc); the backward applies
+the FA2 formulas, recomputing P from the saved lse. It is written here from the paper on
+purpose instead of reusing attnformal's merge and mask code: every bug is a small edit of
+these lines, and a mutated copy of shared code would mutate the battery's oracle as well.
+With ``bug=None`` it is correct (the zoo's own control).
+
+:data:`ZOO` lists each specimen with the bug class the battery must name first.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+
+from attnformal.spec import AttentionSpec
+
+BLOCK_N = 32
+FINITE_FILL = -1e4
+
+
+@dataclass(frozen=True)
+class Specimen:
+    bug: str
+    diagnosis: str  # the attnformal.verify.diagnosis.BUG_CLASSES id the battery must rank first
+    description: str
+    dtype: str = "float32"  # the dtype the bug shows in
+
+
+ZOO = [
+    Specimen("acc_not_rescaled", "acc_not_rescaled", "the accumulator is not rescaled by alpha"),
+    Specimen("denominator_not_rescaled", "denominator_not_rescaled", "l is not rescaled by alpha"),
+    Specimen("mask_after_max", "mask_after_max", "the row max is taken before masking"),
+    Specimen("finite_fill", "finite_mask_fill", "masked scores are filled with -1e4"),
+    Specimen("nan_empty_rows", "nan_empty_rows", "out = acc / l without a guard for l = 0"),
+    Specimen("ragged_block", "ragged_block", "the last key block is padded with zero keys and not masked"),
+    Specimen("causal_alignment", "causal_alignment", "bottom-right causal computed as top-left"),
+    Specimen("causal_off_by_one", "causal_off_by_one", "causal admits key i + 1"),
+    Specimen("window_off_by_one", "window_off_by_one", "the window's left edge admits one key too many"),
+    Specimen("gqa_modulo", "gqa_head_mapping", "query head h reads KV head h % Hkv"),
+    Specimen("gqa_backward_not_summed", "gqa_backward_not_summed", "dK/dV overwritten by each head of a group"),
+    Specimen("dq_scale", "gradient_scale", "dQ misses the softmax scale"),
+    Specimen("lse_base2", "lse_base2", "lse returned in base 2"),
+    Specimen("dropout_scaling", "dropout_scaling", "kept values not divided by 1 - p"),
+    Specimen("dropout_backward", "dropout_backward", "the backward ignores the dropout mask"),
+    Specimen("batch0", "batch_indexing", "every batch reads K and V of batch 0"),
+    Specimen("backward_delta", "backward_delta", "D = rowsum(dO) instead of rowsum(dO * O)"),
+    # beyond the issue's list
+    Specimen("scale_ignored", "scale_ignored", "the scale argument is ignored (1/sqrt(D) always)"),
+    Specimen("kv_lens_ignored", "kv_lens_ignored", "kv_lens is ignored"),
+    Specimen("strides_ignored", "strides_ignored", "inputs are read as if contiguous"),
+    Specimen("input_mutation", "input_mutation", "q is pre-scaled in place"),
+    Specimen("dropout_rate", "dropout_rate", "keeps with probability p instead of 1 - p"),
+    Specimen("lse_without_max", "lse_wrong", "lse = log(l), the running max forgotten"),
+    Specimen("low_precision", "low_precision_accumulation", "m, l and acc kept in the input dtype",
+             dtype="bfloat16"),
+]
+
+
+def specimen_impl(bug: str):
+    """The protocol function of one specimen (named after its bug, for reports)."""
+    fn = functools.partial(attention, bug=bug)
+    fn.__name__ = f"zoo_{bug}"
+    return fn
+
+
+def attention(q, k, v, *, scale=None, causal=None, window=None, attn_mask=None, kv_lens=None, softcap=None,
+              dropout_p=0.0, dropout_mask=None, return_lse=False, bug=None):
+    spec = AttentionSpec.from_inputs(q, k, v, scale=scale, causal=causal, window=window, attn_mask=attn_mask,
+                                     kv_lens=kv_lens, softcap=softcap, dropout_p=dropout_p, dropout_mask=dropout_mask)
+    if bug == "strides_ignored":
+        q, k, v = (t.as_strided(t.shape, torch.empty(t.shape).stride()) for t in (q, k, v))
+    if bug == "input_mutation":
+        with torch.no_grad():
+            q.mul_(spec.scale)
+        spec = AttentionSpec.from_inputs(q, k, v, scale=1.0, causal=causal, window=window, attn_mask=attn_mask,
+                                         kv_lens=kv_lens, softcap=softcap, dropout_p=dropout_p,
+                                         dropout_mask=dropout_mask)
+    if bug == "scale_ignored":
+        spec = AttentionSpec.from_inputs(q, k, v, causal=causal, window=window, attn_mask=attn_mask,
+                                         kv_lens=kv_lens, softcap=softcap, dropout_p=dropout_p,
+                                         dropout_mask=dropout_mask)
+    out, lse = _Flash.apply(q, k, v, spec, _keep_weights(spec, q, bug), bug)
+    return (out, lse) if return_lse else out
+
+
+def _keep_weights(spec, q, bug):
+    """Dropout weights: the keep-mask (given, or drawn here) times 1/(1-p); None without dropout."""
+    if spec.dropout_p == 0:
+        return None
+    p = spec.dropout_p
+    keep = spec.dropout_mask
+    if keep is None:
+        draw = torch.rand(spec.batch, spec.heads_q, spec.len_q, spec.len_k, device=q.device)
+        keep = draw < p if bug == "dropout_rate" else draw >= p
+    return keep.float() if bug == "dropout_scaling" else keep.float() / (1 - p)
+
+
+def _compute_dtype(dtype, bug):
+    if bug == "low_precision" or dtype == torch.float64:
+        return dtype
+    return torch.float32
+
+
+def _heads_and_batches(spec, bug, device):
+    """The KV head each query head reads and the batch each batch element reads."""
+    h = torch.arange(spec.heads_q, device=device)
+    heads = h % spec.heads_kv if bug == "gqa_modulo" else h // spec.group
+    batches = torch.arange(spec.batch, device=device)
+    return heads, torch.zeros_like(batches) if bug == "batch0" else batches
+
+
+def _allowed(spec, bug, width, device):
+    """``[B, Hq, Sq, width]`` allowed pairs, with this specimen's mask bug."""
+    i = torch.arange(spec.len_q, device=device)[:, None]
+    j = torch.arange(width, device=device)[None, :]
+    rows = []
+    for b in range(spec.batch):
+        n = spec.len_k if spec.kv_lens is None or bug == "kv_lens_ignored" else spec.kv_lens[b]
+        offset = n - spec.len_q
+        ok = torch.ones(spec.len_q, width, dtype=torch.bool, device=device)
+        if bug != "ragged_block" or spec.kv_lens is not None:
+            ok &= j < n
+        extra = 1 if bug == "causal_off_by_one" else 0
+        if spec.causal == "top_left" or (spec.causal == "bottom_right" and bug == "causal_alignment"):
+            ok &= j <= i + extra
+        elif spec.causal == "bottom_right":
+            ok &= j <= i + offset + extra
+        if spec.window is not None:
+            left, right = spec.window
+            if left >= 0:
+                ok &= j >= i + offset - left - (1 if bug == "window_off_by_one" else 0)
+            if right >= 0:
+                ok &= j <= i + offset + right
+        rows.append(ok)
+    allowed = torch.stack(rows)[:, None].expand(spec.batch, spec.heads_q, spec.len_q, width)
+    if spec.attn_mask is not None:
+        mask = spec.attn_mask
+        if width > spec.len_k:
+            mask = torch.cat([mask, mask.new_ones(*mask.shape[:3], width - spec.len_k)], -1)
+        allowed = allowed & mask
+    return allowed
+
+
+def _scores(spec, q, k, bug):
+    s = q @ k.transpose(-1, -2)
+    if spec.softcap is not None and bug == "softcap_before_scale":
+        return spec.scale * spec.softcap * torch.tanh(s / spec.softcap)
+    s = spec.scale * s
+    if spec.softcap is not None:
+        s = spec.softcap * torch.tanh(s / spec.softcap)
+    return s
+
+
+def _forward(spec, weights, bug, q, k, v):
+    cd = _compute_dtype(q.dtype, bug)
+    heads, batches = _heads_and_batches(spec, bug, q.device)
+    q, k, v = q.to(cd), k.to(cd)[batches][:, heads], v.to(cd)[batches][:, heads]
+    width = spec.len_k
+    if bug == "ragged_block" and spec.len_k % BLOCK_N:
+        width = spec.len_k + BLOCK_N - spec.len_k % BLOCK_N  # read past the end: zeros, and not masked
+        k, v = (torch.cat([t, t.new_zeros(*t.shape[:2], width - spec.len_k, t.shape[3])], 2) for t in (k, v))
+    allowed = _allowed(spec, bug, width, q.device)
+    rows = (spec.batch, spec.heads_q, spec.len_q, 1)
+    m = torch.full(rows, -math.inf, dtype=cd, device=q.device)
+    l = torch.zeros(rows, dtype=cd, device=q.device)
+    acc = torch.zeros(*rows[:3], spec.head_dim_v, dtype=cd, device=q.device)
+    for start in range(0, width, BLOCK_N):
+        cols = slice(start, start + BLOCK_N)
+        s, ok = _scores(spec, q, k[:, :, cols], bug), allowed[..., cols]
+        if bug == "mask_after_max":
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        else:
+            s = s.masked_fill(~ok, FINITE_FILL if bug == "finite_fill" else -math.inf)
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        shift = torch.where(m_new == -math.inf, 0.0, m_new)  # exp(-inf - (-inf)) would be NaN
+        alpha = torch.exp(m - shift)
+        p = torch.exp(s - shift)
+        if bug == "mask_after_max":
+            p = torch.where(ok, p, 0.0)
+        l = (l if bug == "denominator_not_rescaled" else alpha * l) + p.sum(-1, keepdim=True)
+        pw = p if weights is None else p * weights[..., cols].to(cd)
+        acc = (acc if bug == "acc_not_rescaled" else alpha * acc) + pw @ v[:, :, cols]
+        m = m_new
+    return _finalize(m, l, acc, bug, q.dtype)
+
+
+def _finalize(m, l, acc, bug, dtype):
+    """``(out, lse, lse as reported)``: the kernel keeps the true lse for its backward."""
+    seen = l > 0
+    l_safe = torch.where(seen, l, 1.0)
+    out = acc / l if bug == "nan_empty_rows" else torch.where(seen, acc / l_safe, 0.0)
+    lse = torch.where(seen, m + torch.log(l_safe), -math.inf).squeeze(-1)
+    reported = lse
+    if bug == "lse_base2":
+        reported = lse / math.log(2)
+    elif bug == "lse_without_max":
+        reported = torch.where(seen, torch.log(l_safe), -math.inf).squeeze(-1)
+    lse_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    return out, lse.to(lse_dtype), reported.to(lse_dtype)
+
+
+def _backward(spec, weights, bug, q, k, v, out, lse, dout):
+    cd = _compute_dtype(q.dtype, bug)
+    heads, batches = _heads_and_batches(spec, bug, q.device)
+    q, out, dout = q.to(cd), out.to(cd), dout.to(cd)
+    kx, vx = k.to(cd)[batches][:, heads], v.to(cd)[batches][:, heads]
+    s = q @ kx.transpose(-1, -2) * spec.scale
+    slope = 1.0
+    if spec.softcap is not None:
+        t = torch.tanh(s / spec.softcap)
+        s, slope = spec.softcap * t, 1 - t * t
+    allowed = _allowed(spec, bug, spec.len_k, q.device)
+    p = torch.where(allowed, torch.exp(s - torch.where(lse == -math.inf, 0.0, lse.to(cd))[..., None]), 0.0)
+    w = 1.0 if weights is None or bug == "dropout_backward" else weights.to(cd)
+    dv_heads = (p * w).transpose(-1, -2) @ dout
+    dp = (dout @ vx.transpose(-1, -2)) * w
+    delta = dout.sum(-1, keepdim=True) if bug == "backward_delta" else (dout * out).sum(-1, keepdim=True)
+    ds = p * (dp - delta) * slope
+    dq = ds @ kx if bug == "dq_scale" else spec.scale * (ds @ kx)
+    dk_heads = spec.scale * (ds.transpose(-1, -2) @ q)
+    dk, dv = (_to_kv_heads(t, spec, heads, batches, bug) for t in (dk_heads, dv_heads))
+    return dq, dk, dv
+
+
+def _to_kv_heads(per_head, spec, heads, batches, bug):
+    """Sum each query head's gradient into the KV head (and batch) it read."""
+    out = torch.zeros(spec.batch, spec.heads_kv, *per_head.shape[2:], dtype=per_head.dtype, device=per_head.device)
+    if bug == "gqa_backward_not_summed":
+        out[:, heads] = per_head  # each head of a group overwrites the previous one's gradient
+        return out
+    by_head = torch.zeros_like(out).index_add_(1, heads, per_head)
+    return torch.zeros_like(out).index_add_(0, batches, by_head)
+
+
+class _Flash(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, spec, weights, bug):
+        out, lse, reported_lse = _forward(spec, weights, bug, q, k, v)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.spec, ctx.weights, ctx.bug = spec, weights, bug
+        ctx.mark_non_differentiable(reported_lse)
+        return out.to(q.dtype), reported_lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _backward(ctx.spec, ctx.weights, ctx.bug, q, k, v, out, lse, dout)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None

@@ -28,7 +28,10 @@ from attnformal.masks import MaskGeometry, key_interval
 from attnformal.oracle import oracle_from_spec
 from attnformal.spec import AttentionSpec
 
-STRONG, PATTERN, HINT = 3.0, 2.0, 1.0  # finding weights: named by a probe or mutant / by a pattern / a hint
+# Finding weights. DEFINITIVE: the observation rules every other class out (inputs changed by the
+# call; identical calls that disagree). STRONG: a targeted probe, control or mutant names the class.
+# PATTERN: the failure has the class's shape. HINT: consistent with it.
+DEFINITIVE, STRONG, PATTERN, HINT = 4.0, 3.0, 2.0, 1.0
 COMMON_BLOCKS = (16, 32, 64, 128, 256)
 
 
@@ -69,6 +72,10 @@ BUG_CLASSES = {c.id: c for c in (
     BugClass("strides_ignored", "non-contiguous inputs are read as if contiguous (strides ignored)"),
     BugClass("low_precision_accumulation", "accumulation in low precision: the error grows with the sequence length"),
     BugClass("nondeterminism", "repeated identical calls disagree (a race or an uninitialised read)"),
+    BugClass("unstable_softmax", "the softmax does not subtract the running maximum: exp overflows or "
+                                 "underflows for large logits"),
+    BugClass("head_specific", "one head or batch computes differently from the others (a systematic error "
+                              "under the tolerance)"),
     BugClass("uninitialised_output", "part of the output is never written (uninitialised memory)"),
     BugClass("input_mutation", "the implementation modifies its inputs in place"),
     BugClass("contract", "the protocol's contract is broken (shape, dtype, missing gradient or a crash)"),
@@ -321,8 +328,12 @@ def support_findings(p_impl: torch.Tensor, case) -> tuple[list[str], list[Findin
     """
     spec = case.spec
     allowed = spec.allowed().cpu()
-    nonzero = p_impl.detach().cpu() != 0
-    extra, missing = nonzero & ~allowed, ~nonzero & allowed
+    p_impl = p_impl.detach().cpu()
+    nonzero = p_impl != 0
+    # Rows whose probabilities vanished altogether underflowed or were never normalised: that is
+    # not a mask the kernel used, so only rows that kept most of their mass are compared.
+    normalised = (p_impl.sum(-1, keepdim=True) > 0.5) | ~allowed.any(-1, keepdim=True)
+    extra, missing = nonzero & ~allowed & normalised, ~nonzero & allowed & normalised
     if not extra.any() and not missing.any():
         return [], []
     texts = [f"probabilities non-zero at {int(extra.sum())} masked positions and zero at {int(missing.sum())} "

@@ -145,7 +145,7 @@ class CheckRun:
             self.records.append(CaseRecord(case, "FAIL", lse, backward, problems=[str(err)],
                                            features=case_features(case, lse=lse, backward=backward)))
             bug = "input_mutation" if "in place" in str(err) else "contract"
-            self.find(bug, diagnosis.STRONG if bug == "input_mutation" else diagnosis.PATTERN, str(err))
+            self.find(bug, diagnosis.DEFINITIVE if bug == "input_mutation" else diagnosis.PATTERN, str(err))
         return None
 
     def expected(self, case: Case, *, backward=False) -> Expected:
@@ -206,9 +206,10 @@ def _conclude(settings: Settings, run: CheckRun, result: CheckResult):
     result.details = list(run.notes)
     result.metrics = {**_metrics(records), **run.metrics}
     result.reference = next((r.expected.source for r in records if r.expected is not None), "")
+    tested = [r for r in records if r.case.role != "control"]  # a control alone does not make a pass
     if failed or required or (run.findings and not records):
         result.status = "FAIL"
-    elif not records or len(unsupported) == len(records):
+    elif all(r.status == "unsupported" for r in tested):
         result.status = "unsupported"
     if unsupported:
         first = unsupported[0]

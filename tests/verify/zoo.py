@@ -59,7 +59,13 @@ ZOO = [
     Specimen("lse_without_max", "lse_wrong", "lse = log(l), the running max forgotten"),
     Specimen("low_precision", "low_precision_accumulation", "m, l and acc kept in the input dtype",
              dtype="bfloat16"),
+    Specimen("no_max_subtraction", "unstable_softmax", "exp(s) without subtracting the running max"),
+    Specimen("softcap_before_scale", "softcap_wrong", "softcap applied to the unscaled scores"),
+    Specimen("race", "nondeterminism", "each call loses one random key block of one head (a lost update)"),
+    Specimen("uninitialised_output", "uninitialised_output", "rows without keys are never written"),
 ]
+
+_RACE = torch.Generator().manual_seed(0)  # the "race" specimen's lost update: a different block each call
 
 
 def specimen_impl(bug: str):
@@ -170,6 +176,7 @@ def _forward(spec, weights, bug, q, k, v):
     m = torch.full(rows, -math.inf, dtype=cd, device=q.device)
     l = torch.zeros(rows, dtype=cd, device=q.device)
     acc = torch.zeros(*rows[:3], spec.head_dim_v, dtype=cd, device=q.device)
+    lost = _lost_update(spec, width) if bug == "race" else None
     for start in range(0, width, BLOCK_N):
         cols = slice(start, start + BLOCK_N)
         s, ok = _scores(spec, q, k[:, :, cols], bug), allowed[..., cols]
@@ -179,10 +186,15 @@ def _forward(spec, weights, bug, q, k, v):
             s = s.masked_fill(~ok, FINITE_FILL if bug == "finite_fill" else -math.inf)
             m_new = torch.maximum(m, s.amax(-1, keepdim=True))
         shift = torch.where(m_new == -math.inf, 0.0, m_new)  # exp(-inf - (-inf)) would be NaN
-        alpha = torch.exp(m - shift)
+        if bug == "no_max_subtraction":
+            shift = torch.zeros_like(m_new)
+        alpha = torch.exp(torch.where(m == -math.inf, -math.inf, m - shift)) if bug != "no_max_subtraction" \
+            else torch.ones_like(m)
         p = torch.exp(s - shift)
         if bug == "mask_after_max":
             p = torch.where(ok, p, 0.0)
+        if lost is not None and lost[2] == start:
+            p[lost[0], lost[1]] = 0.0
         l = (l if bug == "denominator_not_rescaled" else alpha * l) + p.sum(-1, keepdim=True)
         pw = p if weights is None else p * weights[..., cols].to(cd)
         acc = (acc if bug == "acc_not_rescaled" else alpha * acc) + pw @ v[:, :, cols]
@@ -190,11 +202,21 @@ def _forward(spec, weights, bug, q, k, v):
     return _finalize(m, l, acc, bug, q.dtype)
 
 
+def _lost_update(spec, width):
+    """(batch, head, block start) whose contribution this call loses."""
+    blocks = max(1, math.ceil(width / BLOCK_N))
+    b, h, n = (int(torch.randint(0, size, (), generator=_RACE)) for size in (spec.batch, spec.heads_q, blocks))
+    return b, h, n * BLOCK_N
+
+
 def _finalize(m, l, acc, bug, dtype):
     """``(out, lse, lse as reported)``: the kernel keeps the true lse for its backward."""
     seen = l > 0
     l_safe = torch.where(seen, l, 1.0)
     out = acc / l if bug == "nan_empty_rows" else torch.where(seen, acc / l_safe, 0.0)
+    if bug == "uninitialised_output":
+        out = torch.empty_like(acc)
+        out[seen.expand_as(acc)] = (acc / l_safe)[seen.expand_as(acc)]
     lse = torch.where(seen, m + torch.log(l_safe), -math.inf).squeeze(-1)
     reported = lse
     if bug == "lse_base2":

@@ -210,10 +210,16 @@ def _explain_empty_rows(run, record):
 @check("fwd.softcap")
 def softcap(run):
     """Logit softcapping cap * tanh(s / cap), after the scale, with logits well past the cap."""
+    sh = shape(2, 2, 2, 33, 47, 32)
+    control = run.against_reference(run.random_case("no softcap (control)", sh, grad=False, scale=2.0,
+                                                    causal="bottom_right").with_(role="control"))
+    failed = False
     for cap, scale in [(20.0, 2.0), (5.0, None)]:
-        sh = shape(2, 2, 2, 33, 47, 32)
-        run.against_reference(run.random_case(f"softcap={cap}", sh, grad=False, softcap=cap, scale=scale,
-                                              causal="bottom_right"))
+        record = run.against_reference(run.random_case(f"softcap={cap}", sh, grad=False, softcap=cap, scale=scale,
+                                                       causal="bottom_right"))
+        failed |= record is not None and record.status == "FAIL"
+    if failed and control is not None and control.status == "pass":
+        run.find("softcap_wrong", STRONG, "the same case passes without softcap and fails with it")
 
 
 # -- structured inputs
@@ -269,7 +275,9 @@ def _scaled_case(run, name, sh, q_scale, k_scale, v_scale=1.0, **kw):
 def large_logits(run):
     """Logits in the thousands, positive and negative: nearly one-hot rows, no overflow."""
     sh = shape(2, 2, 2, 32, 77, 32)
-    run.against_reference(_scaled_case(run, "|logits| ~ 5e3", sh, 30.0, 30.0, scale=1.0))
+    record = run.against_reference(_scaled_case(run, "|logits| ~ 5e3", sh, 30.0, 30.0, scale=1.0))
+    if record is not None and not torch.isfinite(record.observed.out).all():
+        run.find("unstable_softmax", STRONG, "large logits without any mask give NaN/Inf: exp overflowed")
     run.against_reference(_scaled_case(run, "|logits| ~ 5e3, causal", sh, 30.0, 30.0, scale=1.0,
                                        causal="bottom_right"))
 
@@ -283,7 +291,19 @@ def large_negative(run):
         case = _scaled_case(run, f"logits ~ -2e4 {list(kw)}", sh, 1.0, 1.0, scale=1.0, **kw)
         case.q[..., 0] = 1.0
         case.k[..., 0] = -2e4
-        run.against_reference(case)
+        record = run.against_reference(case)
+        if record is not None and record.status == "FAIL":
+            _explain_vanished_rows(run, record)
+
+
+def _explain_vanished_rows(run, record):
+    """Rows that have keys but come out all zero or NaN: exp(s) underflowed (no max subtracted)."""
+    has_keys = record.expected.probabilities.sum(-1) > 0
+    out = record.observed.out.double().cpu()[has_keys]
+    vanished = ~torch.isfinite(out).all(-1) | (out == 0).all(-1)
+    if vanished.float().mean() > 0.5:
+        run.find("unstable_softmax", STRONG, f"{int(vanished.sum())} rows with keys but logits near -2e4 come out "
+                                             f"zero or NaN: exp(s) underflowed")
 
 
 @check("extreme.equal_and_zero")

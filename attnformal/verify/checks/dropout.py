@@ -35,7 +35,8 @@ def p0(run):
 def replay(run):
     """A given keep-mask (p = 0.3), replayed in forward and backward (a dropout-free twin as control)."""
     sh = shape(2, 4, 2, 30, 45, 32)
-    control = _backward_case(run, run.random_case("no dropout (control)", sh, causal="bottom_right"))
+    control = _backward_case(run, run.random_case("no dropout (control)", sh, causal="bottom_right").with_(
+        role="control"))
     mask = random_dropout_mask(generator(run.seed("keep")), sh, 0.3)
     record = _backward_case(run, run.random_case("p = 0.3 with a keep-mask", sh, causal="bottom_right",
                                                  dropout_p=0.3, dropout_mask=mask))
@@ -102,7 +103,7 @@ def own_mask_backward(run):
     observed = run.observe(case, backward=True)
     if observed is None:
         return
-    control = _backward_case(run, case.with_(name="no dropout (control)", kwargs={}))
+    control = _backward_case(run, case.with_(name="no dropout (control)", kwargs={}, role="control"))
     keep = _recovered_keep(case, observed.out.cpu())
     replay = case.with_(kwargs={**case.kwargs, "dropout_mask": keep.to(case.q.device)})
     expected = run.expected(replay, backward=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from pathlib import Path
 
 
@@ -18,7 +19,12 @@ def load_impl(target: str):
             raise ValueError(f"argument '--impl': no such file {where!r}")
         module_spec = importlib.util.spec_from_file_location(path.stem, path)
         module = importlib.util.module_from_spec(module_spec)
-        module_spec.loader.exec_module(module)
+        sys.modules[module_spec.name] = module  # dataclasses and pickling look the module up by name
+        sys.path.insert(0, str(path.parent.resolve()))  # so the file can import its neighbours
+        try:
+            module_spec.loader.exec_module(module)
+        finally:
+            sys.path.remove(str(path.parent.resolve()))
     else:
         try:
             module = importlib.import_module(where)

@@ -13,7 +13,9 @@
   root-sum-square of the terms. It accumulates in float32 (float64 for float64 inputs),
   which costs at most ``u_compute * sqrt(n) * sum |terms|``, where the first-order effect of
   an error ``u |s_ij|`` in each score is included, with ``|s_ij| <= scale * |q_i| . |k_j|``.
-  The effective magnitude is ``rss + (atol_compute / atol_dtype) * growth(n) * abs_sum``,
+  Terms may also underflow (P below the compute precision's smallest normal number, results
+  below the dtype's subnormal spacing), an absolute error far below anything else. The
+  effective magnitude is ``rss + (atol_compute / atol_dtype) * growth(n) * abs_sum + underflow``,
   so one table row (:data:`attnformal.testing.TOLERANCES`) judges the element. lse is
   returned in float32, so it is judged by the float32 row.
 
@@ -64,8 +66,10 @@ def expected_for(case, *, backward: bool, use_certified: bool = True) -> Expecte
     values = values or oracle
     dtypes = {name: _lse_dtype(case.dtype) if name == "lse" else case.dtype for name in values}
     rss, abs_sum = _term_sizes(spec, q, k, v, p, values["out"], grad_out)
-    growth = {name: accumulation_growth(n) for name, n in _accumulation(spec).items()}
-    magnitude = {name: rss[name] + _compute_share(dtypes[name]) * growth[name] * abs_sum[name] for name in values}
+    terms = _accumulation(spec)
+    floor = _underflow_floor(q, k, v, grad_out, spec)
+    magnitude = {name: rss[name] + _compute_share(dtypes[name]) * accumulation_growth(terms[name]) * abs_sum[name]
+                 + _underflow_share(dtypes[name], terms[name], floor) for name in values}
     if radius is None:
         radius = {name: (spec.len_k + spec.head_dim) * ORACLE_ERROR * abs_sum[name] for name in values}
     return Expected(values, magnitude, radius, dtypes, source, p)
@@ -73,6 +77,21 @@ def expected_for(case, *, backward: bool, use_certified: bool = True) -> Expecte
 
 def _lse_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _underflow_floor(q, k, v, grad_out, spec) -> float:
+    """A bound on the factors that multiply one underflowed term (P, or P times a score error)."""
+    def top(t):
+        return float(t.abs().max()) if t is not None and t.numel() else 0.0
+
+    return (1 + top(v)) * (1 + top(grad_out)) * (1 + spec.scale * top(q) * top(k))
+
+
+def _underflow_share(dtype, terms, floor) -> float:
+    """Underflow, in ``dtype`` units: each term may flush to 0 below the compute precision's smallest
+    normal number, and the stored result below the dtype's subnormal spacing."""
+    compute, stored = torch.finfo(_lse_dtype(dtype)), torch.finfo(dtype)
+    return (compute.tiny * terms * floor + stored.tiny * stored.eps) / tolerance_for(dtype).atol
 
 
 def _compute_share(dtype) -> float:

@@ -24,7 +24,7 @@ from attnformal.verify.calls import FIELDS, ContractError, Observed, Unsupported
 from attnformal.verify.cases import Case, derive_seed, random_case
 from attnformal.verify.diagnosis import Finding, finding
 from attnformal.verify.reference import Expected, expected_for, naive_for
-from attnformal.verify.tolerances import judge
+from attnformal.verify.tolerances import LOW_PRECISION, judge
 
 DTYPE_NAMES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
                "float64": torch.float64, "fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32,
@@ -159,7 +159,8 @@ class CheckRun:
             return None
         expected = expected or self.expected(case, backward=backward)
         names = names or (["out"] + (["lse"] if lse else []) + (["dq", "dk", "dv"] if backward else []))
-        naive = naive_for(case, backward=backward) if self.settings.tolerance == "naive" else None
+        naive = naive_for(case, backward=backward) if self.settings.tolerance == "naive" and case.dtype in \
+            LOW_PRECISION else None
         comparisons = [judge(self.settings.tolerance, n, observed.get(n), expected, case.dtype, naive=naive)
                        for n in names]
         return self.record(case, comparisons=comparisons, lse=lse, backward=backward, observed=observed,
@@ -202,7 +203,7 @@ def _conclude(settings: Settings, run: CheckRun, result: CheckResult):
     unsupported = [r for r in records if r.status == "unsupported"]
     required = [r for r in unsupported if settings.require & set(r.features)]
     result.cases, result.unsupported_cases = len(records), len(unsupported)
-    result.findings = list(run.findings)
+    result.findings = list(dict.fromkeys(run.findings))  # the same finding from several cases, once
     result.details = list(run.notes)
     result.metrics = {**_metrics(records), **run.metrics}
     result.reference = next((r.expected.source for r in records if r.expected is not None), "")
@@ -273,6 +274,7 @@ def _explain(settings: Settings, run: CheckRun, worst: CaseRecord, result: Check
     if failing and worst.observed is not None and _small_enough(worst.case):
         result.findings += diagnosis.mutant_findings(worst.case, worst.observed, list(failing), failing,
                                                      backward=worst.backward)
+    result.findings = list(dict.fromkeys(result.findings))
     _save_reproducer(settings, run, worst, result)
 
 

@@ -17,9 +17,10 @@ import torch
 from attnformal.testing import compare_attention, tolerance_for
 from attnformal.verify.cases import generator, make_case, randn, random_attn_mask, shape, value_offsets
 from attnformal.verify.checks import check
-from attnformal.verify.diagnosis import DEFINITIVE, support_findings
+from attnformal.verify.diagnosis import DEFINITIVE, STRONG, support_findings
 
 CLEAR_WINNER = 1.1  # the top probability exceeds the runner-up by 10%: rounding cannot swap them
+NEGATIVE = "logits ~ -2e4, causal + attn_mask"  # a finite mask fill (-1e4) would outweigh every allowed key
 
 
 # -- the probabilities themselves
@@ -35,7 +36,7 @@ def _with_identity_values(case):
 def probability_cases(run):
     gen = generator(run.seed("masks"))
     sh = shape(2, 2, 2, 30, 70, 70)
-    negative = run.random_case("logits ~ -2e4, causal + attn_mask", shape(2, 2, 2, 30, 45, 45), grad=False,
+    negative = run.random_case(NEGATIVE, shape(2, 2, 2, 30, 45, 45), grad=False,
                                scale=1.0, causal="bottom_right",
                                attn_mask=random_attn_mask(gen, shape(2, 2, 2, 30, 45, 45), 0.7))
     negative.q[..., 0], negative.k[..., 0] = 1.0, -2e4
@@ -57,18 +58,24 @@ def probability_cases(run):
 @check("softmax.probabilities")
 def probabilities(run):
     """V = I: P itself -- masked entries exactly 0, rows sum to 1, >= 0, argmax = largest logit."""
+    leaked = {}
     for case in probability_cases(run):
         record = run.against_reference(case)
         if record is None:
             continue
         p = record.observed.out.double().cpu()
         problems = _probability_problems(case, p, record.expected)
+        leaked[case.name] = any("masked positions" in problem for problem in problems)
         if problems:
             record.problems += problems
             record.status = "FAIL"
-            texts, found = support_findings(p.nan_to_num(nan=0.0), case)
-            run.notes.extend(f"{case.name}: {t}" for t in texts)
-            run.findings.extend(found)
+            if case.name != NEGATIVE:
+                texts, found = support_findings(p.nan_to_num(nan=0.0), case)
+                run.notes.extend(f"{case.name}: {t}" for t in texts)
+                run.findings.extend(found)
+    if leaked.get(NEGATIVE) and not any(v for name, v in leaked.items() if name != NEGATIVE):
+        run.find("finite_mask_fill", STRONG, "masked keys get weight only when every allowed logit is below -1e4: "
+                                             "the mask is a finite fill, not -inf")
 
 
 def _probability_problems(case, p, expected):
@@ -197,11 +204,12 @@ def _same_nans(a, b):
     return a.masked_fill(both, 0.0), b.masked_fill(both, 0.0)
 
 
-POISONS = (float("nan"), 1e30)  # a different fill before each repeat: an uninitialised read changes with it
+POISONS = ("nan", "max")  # NaN, then the largest finite value: an uninitialised read changes with the fill
 
 
-def _poison(t: torch.Tensor, value, copies=4):
-    """Fill and free buffers of ``t``'s size, so the allocator hands back dirty memory."""
+def _poison(t: torch.Tensor, fill, copies=4):
+    """Fill and free buffers like ``t``, so the allocator hands back dirty memory."""
+    value = float("nan") if fill == "nan" else torch.finfo(t.dtype).max
     for _ in range(copies):
         junk = torch.full_like(t, value)
         del junk

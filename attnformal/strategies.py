@@ -1,0 +1,179 @@
+"""Hypothesis strategies for attention problems, from small keyword-only pieces.
+
+    from hypothesis import given, strategies as st
+    from attnformal import strategies as attn
+
+    @given(attn.problems(dtype=torch.bfloat16, causal=st.sampled_from([None, "bottom_right"])))
+    def test_my_kernel(problem):
+        out = problem.call(my_kernel)
+        ...
+
+:func:`shapes` draws a :class:`~attnformal.verify.cases.Shape`, :func:`windows` a window,
+:func:`masks` the mask arguments for a shape, :func:`problems` a whole
+:class:`AttentionProblem` (tensors drawn from a seed, so a failure shrinks to a small
+shape and replays exactly). Every argument takes a value or a strategy; arguments are
+checked when the strategy is built, and the error says what to pass instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+from hypothesis.strategies import SearchStrategy
+
+from attnformal.masks import CAUSAL_MODES
+from attnformal.spec import SUPPORTED_DTYPES, AttentionSpec
+from attnformal.verify.cases import Shape, generator, randn, value_offsets
+
+VALUE_KINDS = ("normal", "large", "tiny", "zeros")
+_VALUE_SCALE = {"normal": 1.0, "large": 30.0, "tiny": 1e-6, "zeros": 0.0}
+
+
+@dataclass(frozen=True)
+class AttentionProblem:
+    """Inputs and keyword arguments of one protocol call (and dO for the backward)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    grad_out: torch.Tensor
+    kwargs: dict = field(default_factory=dict)
+    seed: int = 0
+
+    @property
+    def spec(self) -> AttentionSpec:
+        return AttentionSpec.from_inputs(self.q, self.k, self.v, **self.kwargs)
+
+    def call(self, impl, **extra):
+        """``impl(q, k, v, **kwargs, **extra)``."""
+        return impl(self.q, self.k, self.v, **self.kwargs, **extra)
+
+
+def _as_strategy(fn: str, name: str, value, valid, expected: str, example: str) -> SearchStrategy:
+    """``value`` itself if it is a strategy, else ``just(value)`` once it passes ``valid``."""
+    if isinstance(value, SearchStrategy):
+        return value
+    if not valid(value):
+        raise InvalidArgument(f"{fn}({name}={value!r}): expected {expected} or a strategy of them; "
+                              f"for example {name}={example}")
+    return st.just(value)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_positive_or_none(x) -> bool:
+    return x is None or (isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0)
+
+
+def _count(fn, name, value, low, example):
+    return _as_strategy(fn, name, value, lambda x: _is_int(x) and x >= low, f"an int >= {low}", example)
+
+
+def shapes(*, batch=st.integers(1, 2), heads_kv=st.integers(1, 2), group=st.integers(1, 3),
+           len_q=st.integers(0, 48), len_k=st.integers(0, 48), head_dim=st.sampled_from([4, 16, 59]),
+           head_dim_v=None) -> SearchStrategy[Shape]:
+    """Shapes ``(B, Hq = Hkv * group, Hkv, Sq, Sk, D, Dv)``; ``head_dim_v=None`` draws Dv = D."""
+    fn = "shapes"
+    parts = {"batch": _count(fn, "batch", batch, 1, "2"), "heads_kv": _count(fn, "heads_kv", heads_kv, 1, "2"),
+             "group": _count(fn, "group", group, 1, "st.integers(1, 4)"),
+             "len_q": _count(fn, "len_q", len_q, 0, "st.integers(0, 64)"),
+             "len_k": _count(fn, "len_k", len_k, 0, "st.integers(0, 64)"),
+             "head_dim": _count(fn, "head_dim", head_dim, 1, "64")}
+    dv = None if head_dim_v is None else _count(fn, "head_dim_v", head_dim_v, 1, "st.sampled_from([16, 64])")
+
+    @st.composite
+    def draw_shape(draw):
+        x = {name: draw(s) for name, s in parts.items()}
+        d_v = x["head_dim"] if dv is None else draw(dv)
+        return Shape(x["batch"], x["heads_kv"] * x["group"], x["heads_kv"], x["len_q"], x["len_k"], x["head_dim"], d_v)
+
+    return draw_shape()
+
+
+def windows(*, left=st.integers(-1, 16), right=st.integers(-1, 16)) -> SearchStrategy[tuple[int, int]]:
+    """Windows ``(left, right)``; a negative bound is unbounded on that side."""
+    lefts = _as_strategy("windows", "left", left, _is_int, "an int (negative: unbounded)", "st.integers(-1, 8)")
+    rights = _as_strategy("windows", "right", right, _is_int, "an int (negative: unbounded)", "0")
+    return st.tuples(lefts, rights)
+
+
+def masks(shape: Shape, *, causal=st.sampled_from(CAUSAL_MODES), window=st.none() | windows(),
+          kv_lens=st.booleans(), attn_mask=st.booleans()) -> SearchStrategy[dict]:
+    """The mask keyword arguments for ``shape``: causal, window, per-batch lengths, an explicit mask.
+
+    ``kv_lens`` and ``attn_mask`` are booleans (or strategies of them): whether to draw one.
+    """
+    fn = "masks"
+    causal = _as_strategy(fn, "causal", causal, lambda x: x in CAUSAL_MODES, f"one of {CAUSAL_MODES}",
+                          "'bottom_right'")
+    window = _as_strategy(fn, "window", window, lambda x: x is None or (isinstance(x, tuple) and len(x) == 2),
+                          "None or (left, right)", "windows()")
+    kv_lens = _as_strategy(fn, "kv_lens", kv_lens, lambda x: isinstance(x, bool), "a bool", "True")
+    attn_mask = _as_strategy(fn, "attn_mask", attn_mask, lambda x: isinstance(x, bool), "a bool", "False")
+
+    @st.composite
+    def draw_masks(draw):
+        kwargs = {"causal": draw(causal), "window": draw(window)}
+        if draw(kv_lens):
+            kwargs["kv_lens"] = draw(st.lists(st.integers(0, shape.len_k), min_size=shape.batch, max_size=shape.batch))
+        if draw(attn_mask):
+            seed = draw(st.integers(0, 2**31 - 1))
+            kwargs["attn_mask"] = torch.rand(shape.batch, shape.heads_q, shape.len_q, shape.len_k,
+                                             generator=generator(seed)) < 0.7
+        return {key: value for key, value in kwargs.items() if value is not None}
+
+    return draw_masks()
+
+
+def problems(*, dtype=torch.float32, shapes=shapes(), causal=st.sampled_from(CAUSAL_MODES),
+             window=st.none() | windows(), kv_lens=st.booleans(), attn_mask=st.booleans(),
+             scale=st.none() | st.floats(0.01, 2.0), softcap=st.none() | st.floats(1.0, 50.0),
+             dropout_p=st.just(0.0), values=st.sampled_from(VALUE_KINDS), device="cpu") -> SearchStrategy[AttentionProblem]:
+    """Whole problems: a shape, masks, scale, softcap, dropout replay, and seeded tensors.
+
+    ``dropout_p > 0`` comes with a drawn keep-mask to replay. ``values`` picks the input
+    scale: ``"normal"`` (N(0, 1)), ``"large"`` (x30: logits in the thousands), ``"tiny"``
+    (x1e-6) or ``"zeros"``.
+    """
+    fn = "problems"
+    dtypes = _as_strategy(fn, "dtype", dtype, lambda x: str(x).removeprefix("torch.") in SUPPORTED_DTYPES,
+                          f"a torch dtype in {SUPPORTED_DTYPES}", "torch.bfloat16")
+    if not isinstance(shapes, SearchStrategy):
+        raise InvalidArgument(f"{fn}(shapes={shapes!r}): expected a strategy of Shape; for example shapes=shapes()")
+    scale = _as_strategy(fn, "scale", scale, _is_positive_or_none, "None or a float > 0", "0.125")
+    softcap = _as_strategy(fn, "softcap", softcap, _is_positive_or_none, "None or a float > 0", "30.0")
+    dropout_p = _as_strategy(fn, "dropout_p", dropout_p, lambda x: isinstance(x, float) and 0 <= x < 1,
+                             "a float in [0, 1)", "st.sampled_from([0.0, 0.3])")
+    values = _as_strategy(fn, "values", values, lambda x: x in VALUE_KINDS, f"one of {VALUE_KINDS}", "'normal'")
+
+    @st.composite
+    def draw_problem(draw):
+        sh = draw(shapes)
+        kwargs = draw(masks(sh, causal=causal, window=window, kv_lens=kv_lens, attn_mask=attn_mask))
+        kwargs.update({k: v for k, v in (("scale", draw(scale)), ("softcap", draw(softcap))) if v is not None})
+        seed = draw(st.integers(0, 2**31 - 1))
+        p = draw(dropout_p)
+        if p > 0:
+            kwargs["dropout_p"] = p
+            kwargs["dropout_mask"] = torch.rand(sh.batch, sh.heads_q, sh.len_q, sh.len_k,
+                                                generator=generator(seed + 1)) >= p
+        return _tensors(sh, kwargs, seed, draw(dtypes), draw(values), device)
+
+    return draw_problem()
+
+
+def _tensors(sh: Shape, kwargs, seed, dtype, kind, device) -> AttentionProblem:
+    gen = generator(seed)
+    b, hq, hkv, sq, sk, d, dv = sh
+    size = _VALUE_SCALE[kind]
+    q, k = size * randn(gen, b, hq, sq, d), size * randn(gen, b, hkv, sk, d)
+    v = randn(gen, b, hkv, sk, dv) + value_offsets(b, hkv)
+    grad_out = randn(gen, b, hq, sq, dv)
+    q, k, v, grad_out = (t.to(device=device, dtype=dtype) for t in (q, k, v, grad_out))
+    kwargs = {key: (val.to(device) if isinstance(val, torch.Tensor) else val) for key, val in kwargs.items()}
+    return AttentionProblem(q, k, v, grad_out, kwargs, seed)

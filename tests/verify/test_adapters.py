@@ -1,0 +1,70 @@
+"""Adapters: aliases, missing packages reported as unsupported, and the torch_npu translation."""
+
+import importlib.util
+import math
+import sys
+import types
+
+import pytest
+import torch
+
+from attnformal import adapters
+from attnformal.verify import Settings, run_battery
+from attnformal.verify.report import render
+
+
+def test_aliases_and_targets_resolve():
+    assert adapters.resolve("sdpa-math") is adapters.sdpa_math
+    assert adapters.resolve("attnformal.kernels.torch_tiled:attention").__name__ == "attention"
+    with pytest.raises(ValueError, match="argument '--impl'"):
+        adapters.resolve("sdpa-maths")
+
+
+@pytest.mark.parametrize("package, adapter", [("flash_attn", adapters.flash_attn), ("xformers", adapters.xformers),
+                                              ("torch_npu", adapters.npu_fusion_attention)])
+def test_a_missing_package_is_unsupported_not_a_crash(package, adapter):
+    if importlib.util.find_spec(package) is not None:
+        pytest.skip(f"{package} is installed")
+    q = torch.randn(1, 1, 4, 8)
+    with pytest.raises(NotImplementedError, match=f"{package} is not installed"):
+        adapter(q, q, q)
+
+
+def fake_npu_fusion_attention(mask_means_attend=False):
+    """npu_fusion_attention's documented contract in plain torch: BNSD, scale defaults to 1,
+    atten_mask True = masked out, softmax max and sum returned as [B, N, S, 8]."""
+    def npu_fusion_attention(query, key, value, head_num, input_layout, *, atten_mask=None, scale=1.0,
+                             keep_prob=1.0, pre_tockens=2**31 - 1, next_tockens=2**31 - 1, sparse_mode=0):
+        assert input_layout == "BNSD" and head_num == query.shape[1] and sparse_mode == 0 and keep_prob == 1.0
+        group = query.shape[1] // key.shape[1]
+        k, v = (t.repeat_interleave(group, 1).float() for t in (key, value))
+        s = scale * (query.float() @ k.transpose(-1, -2))
+        if atten_mask is not None:
+            s = s.masked_fill(~atten_mask if mask_means_attend else atten_mask, -math.inf)
+        m = s.amax(-1, keepdim=True) if s.shape[-1] else s.sum(-1, keepdim=True)
+        m = torch.where(torch.isfinite(m), m, 0.0)
+        e = torch.exp(s - m)
+        l = e.sum(-1, keepdim=True)
+        out = (e / torch.where(l > 0, l, 1.0)) @ v
+        return out.to(query.dtype), m.expand(*m.shape[:3], 8), l.expand(*l.shape[:3], 8), None, 0, 0, 0
+    return npu_fusion_attention
+
+
+def npu_battery(monkeypatch, **fake):
+    monkeypatch.setitem(sys.modules, "torch_npu", types.SimpleNamespace(
+        npu_fusion_attention=fake_npu_fusion_attention(**fake)))
+    no_mapping = types.ModuleType("attnformal.npu")
+    no_mapping.npu_mask_args = lambda g: (_ for _ in ()).throw(NotImplementedError("not mapped"))
+    monkeypatch.setitem(sys.modules, "attnformal.npu", no_mapping)
+    return run_battery(Settings(impl=adapters.npu_fusion_attention, impl_name="fake npu", dtypes=(torch.float32,),
+                                only=("hand.*", "fwd.gqa", "mask.*", "lse.values")))
+
+
+def test_npu_adapter_passes_scale_and_the_inverted_mask(monkeypatch):
+    report = npu_battery(monkeypatch)
+    assert report.passed, render(report)
+
+
+def test_npu_adapter_test_fails_when_the_mask_convention_is_wrong(monkeypatch):
+    """Negative control: a kernel reading the mask as True = attend is caught."""
+    assert not npu_battery(monkeypatch, mask_means_attend=True).passed

@@ -1,0 +1,89 @@
+"""Diagnosis pieces on hand-made evidence: each names its bug, and stays quiet on a correct result."""
+
+import math
+
+import torch
+
+from attnformal.oracle import attention_oracle
+from attnformal.verify import diagnosis
+from attnformal.verify.calls import Observed
+from attnformal.verify.cases import random_case, shape
+from attnformal.verify.reference import expected_for
+from attnformal.verify.runner import CheckResult
+
+
+def case_of(sh, **kwargs):
+    return random_case("diagnosis", sh, torch.float64, "cpu", 7, **kwargs)
+
+
+def probabilities(case, **override):
+    eye = torch.eye(case.spec.len_k, dtype=torch.float64).expand(case.spec.batch, case.spec.heads_kv, -1, -1)
+    return attention_oracle(case.q, case.k, eye, **{**case.kwargs, **override})
+
+
+def test_ranges_are_compact():
+    assert diagnosis._ranges([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8"
+
+
+def test_support_of_the_right_mask_gives_no_finding():
+    case = case_of(shape(2, 2, 2, 20, 30, 8), causal="bottom_right", window=(6, 2), kv_lens=[30, 11])
+    assert diagnosis.support_findings(probabilities(case), case) == ([], [])
+
+
+def test_support_one_key_past_the_diagonal_is_a_causal_off_by_one():
+    case = case_of(shape(1, 2, 2, 12, 20, 8), causal="bottom_right")
+    shifted = probabilities(case, causal=None, window=(-1, 1))  # j <= i + offset + 1
+    _, found = diagnosis.support_findings(shifted, case)
+    assert [f.bug for f in found] == ["causal_off_by_one"]
+
+
+def test_support_of_the_other_alignment_is_named():
+    case = case_of(shape(1, 2, 2, 12, 20, 8), causal="bottom_right")
+    _, found = diagnosis.support_findings(probabilities(case, causal="top_left"), case)
+    assert [f.bug for f in found] == ["causal_alignment"]
+
+
+def test_support_one_key_wider_on_the_left_is_a_window_off_by_one():
+    case = case_of(shape(1, 2, 2, 16, 16, 8), window=(3, 0))
+    _, found = diagnosis.support_findings(probabilities(case, window=(4, 0)), case)
+    assert [f.bug for f in found] == ["window_off_by_one"]
+
+
+def test_constant_factors_are_named_and_other_errors_are_not():
+    case = case_of(shape(1, 2, 2, 8, 8, 8), scale=0.25)
+    r = torch.randn(1, 2, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    assert diagnosis.factor_finding("lse", r / math.log(2), r, case).bug == "lse_base2"
+    assert diagnosis.factor_finding("dq", r * 4, r, case).evidence.endswith("(= 1/scale)")
+    assert diagnosis.factor_finding("dq", r * 1.001, r, case) is None  # within 2%: not a factor bug
+    assert diagnosis.factor_finding("dq", r + 1, r, case) is None  # not proportional
+
+
+def test_localise_recognises_the_gqa_modulo_heads():
+    case = case_of(shape(1, 4, 2, 6, 6, 8))
+    over = torch.zeros(1, 4, 6, 8, dtype=torch.bool)
+    over[:, [1, 2]] = True  # the heads where h % 2 differs from h // 2
+    text, found = diagnosis.localise("out", over, case, expected_for(case, backward=False))
+    assert "heads [1-2] of 4" in text and [f.bug for f in found] == ["gqa_head_mapping"]
+
+
+def test_mutants_explain_a_gqa_modulo_result_and_not_a_correct_one():
+    case = case_of(shape(2, 4, 2, 6, 9, 8))
+    modulo = torch.arange(4) % 2
+    wrong = attention_oracle(case.q, case.k[:, modulo], case.v[:, modulo])
+    failing = {"out": float((wrong - attention_oracle(case.q, case.k, case.v)).abs().max())}
+    found = diagnosis.mutant_findings(case, Observed(wrong), ["out"], failing, backward=False)
+    assert "gqa_head_mapping" in [f.bug for f in found]
+    right = Observed(attention_oracle(case.q, case.k, case.v))
+    assert diagnosis.mutant_findings(case, right, ["out"], {"out": 1e-3}, backward=False) == []
+
+
+def test_summary_ranks_definitive_over_strong_and_then_by_agreement():
+    def failed(*findings):
+        return CheckResult("c", "float32", "FAIL", findings=[diagnosis.finding(*f) for f in findings])
+
+    ranked = diagnosis.summarise([
+        failed(("mask_wrong", diagnosis.STRONG, "a"), ("nondeterminism", diagnosis.DEFINITIVE, "b")),
+        failed(("mask_wrong", diagnosis.STRONG, "c")),
+        CheckResult("d", "float32", "pass", findings=[diagnosis.finding("lse_base2", diagnosis.DEFINITIVE, "e")]),
+    ])
+    assert [r.bug for r in ranked] == ["nondeterminism", "mask_wrong"]

@@ -1,0 +1,43 @@
+"""pytest --attn-impl: the battery as tests (pass, fail with the account, skip when unsupported)."""
+
+from pathlib import Path
+
+import pytest
+
+ZOO = __import__("zoo").__file__
+
+pytest_plugins = ["pytester"]
+
+
+@pytest.fixture
+def battery(pytester):
+    def run(*args):
+        return pytester.runpytest_inprocess("-p", "attnformal.verify.pytest_plugin", "-p", "no:cacheprovider",
+                                            "--attn-dtypes", "float32", *args)
+    return run
+
+
+def test_each_check_is_a_test_that_passes_for_a_correct_kernel(battery):
+    result = battery("--attn-impl", f"{ZOO}:attention", "--attn-only", "hand.*")
+    result.assert_outcomes(passed=5)
+
+
+def test_a_failing_check_shows_the_diagnosis_and_the_reproducer(battery, pytester):
+    pytester.makepyfile(buggy=f"import functools, sys\nsys.path.insert(0, {str(Path(ZOO).parent)!r})\n"
+                              "import zoo\nattention = functools.partial(zoo.attention, bug='lse_base2')\n")
+    result = battery("--attn-impl", "buggy.py:attention", "--attn-only", "lse.values")
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str()
+    for expected in ("lse.values[float32]: FAIL", "-> [lse_base2] lse = 1.443 x the reference (= 1/ln 2)",
+                     "reproduce: python -m attnformal.verify --impl buggy.py:attention --replay"):
+        assert expected in text
+
+
+def test_unsupported_checks_are_skipped_unless_required(battery):
+    battery("--attn-impl", "sdpa-math", "--attn-only", "lse.values").assert_outcomes(skipped=1)
+    battery("--attn-impl", "sdpa-math", "--attn-only", "lse.values", "--attn-require", "lse").assert_outcomes(failed=1)
+
+
+def test_without_the_option_the_plugin_adds_nothing(battery, pytester):
+    pytester.makepyfile(test_one="def test_one():\n    pass\n")
+    battery().assert_outcomes(passed=1)

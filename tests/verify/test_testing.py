@@ -1,0 +1,63 @@
+"""assert_attention_close: what it accepts, what it rejects, and what its message says."""
+
+import math
+
+import pytest
+import torch
+
+from attnformal.testing import TOLERANCES, assert_attention_close, compare_attention
+
+
+def test_close_tensors_pass_and_report_their_errors():
+    r = torch.linspace(-1, 1, 100, dtype=torch.float64).reshape(1, 1, 10, 10)
+    c = compare_attention(r + 1e-7, r, dtype=torch.float32)
+    assert c.passed and c.mismatched == 0 and c.max_abs == pytest.approx(1e-7)
+    assert_attention_close(r.float(), r, dtype=torch.float32)
+
+
+def test_message_names_count_fraction_worst_index_and_tolerance():
+    r = torch.zeros(2, 2, 3, 4, dtype=torch.float64)
+    a = r.clone()
+    a[1, 0, 2, 3] = 0.5
+    a[0, 1, 0, 0] = 0.1
+    with pytest.raises(AssertionError) as err:
+        assert_attention_close(a, r, dtype=torch.bfloat16, name="out")
+    text = str(err.value)
+    assert "mismatched elements: 2 / 48 (4.17%)" in text
+    assert "greatest absolute difference: 0.5 at index (1, 0, 2, 3)" in text
+    rtol, atol = TOLERANCES[torch.bfloat16]
+    assert f"{rtol:.3g} * |r| + {atol:.3g} * magnitude" in text
+
+
+def test_magnitude_and_reference_error_widen_the_tolerance():
+    r = torch.ones(1, 1, 1, 4, dtype=torch.float64)
+    a = r + 1e-3
+    assert not compare_attention(a, r, dtype=torch.float32).passed
+    assert compare_attention(a, r, dtype=torch.float32, magnitude=1e3).passed
+    assert compare_attention(a, r, dtype=torch.float32, reference_error=2e-3).passed
+
+
+def test_nan_and_inf_fail_where_the_reference_is_finite_but_equal_infinities_pass():
+    r = torch.tensor([[[[0.0, -math.inf, 1.0]]]], dtype=torch.float64)
+    assert compare_attention(r.clone(), r, dtype=torch.float32).passed  # -inf == -inf (an empty row's lse)
+    for bad in (math.nan, math.inf):
+        a = r.clone()
+        a[..., 0] = bad
+        c = compare_attention(a, r, dtype=torch.float32)
+        assert not c.passed and c.nonfinite == 1
+    finite_for_inf = r.clone()
+    finite_for_inf[..., 1] = -1e4  # a finite lse where the row has no key
+    assert not compare_attention(finite_for_inf, r, dtype=torch.float32).passed
+
+
+def test_rtol_and_atol_come_together_and_dtype_must_be_known():
+    r = torch.zeros(1, 1, 1, 1)
+    with pytest.raises(ValueError, match="argument 'atol'"):
+        compare_attention(r, r, dtype=torch.float32, rtol=1e-3)
+    with pytest.raises(ValueError, match="argument 'dtype'"):
+        compare_attention(r, r, dtype=torch.int32)
+
+
+def test_shape_mismatch_is_one_clear_failure():
+    c = compare_attention(torch.zeros(1, 1, 2, 3), torch.zeros(1, 1, 3, 2), dtype=torch.float32)
+    assert not c.passed and "shape [1, 1, 2, 3] differs from the expected [1, 1, 3, 2]" in c.message()

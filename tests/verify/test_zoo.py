@@ -1,0 +1,56 @@
+"""The battery against the zoo: every specimen is caught, with the right diagnosis ranked first.
+
+Each specimen runs the whole quick battery (one dtype: the one its bug shows in), so the
+diagnosis must come out right in the presence of every other check's findings.
+"""
+
+import pytest
+import torch
+
+import zoo
+from attnformal.verify import Settings, run_battery
+from attnformal.verify.checks import CHECKS
+from attnformal.verify.report import render
+
+_reports = {}
+
+
+def battery_for(specimen, **changes):
+    key = (specimen.bug, tuple(sorted(changes.items())))
+    if key not in _reports:
+        settings = Settings(impl=zoo.specimen_impl(specimen.bug), impl_name=f"zoo:{specimen.bug}",
+                            dtypes=(getattr(torch, specimen.dtype),), **changes)
+        _reports[key] = run_battery(settings)
+    return _reports[key]
+
+
+@pytest.mark.parametrize("specimen", zoo.ZOO, ids=lambda s: s.bug)
+def test_specimen_is_caught_and_named(specimen):
+    report = battery_for(specimen)
+    assert not report.passed, f"{specimen.bug} ({specimen.description}) passed the battery"
+    top = report.diagnosis[0].bug if report.diagnosis else None
+    assert top == specimen.diagnosis, f"{specimen.bug}: diagnosed {top}, expected {specimen.diagnosis}\n" + render(report)
+
+
+def test_zoo_base_without_a_bug_passes_in_both_dtypes():
+    """The negative control of the zoo: its kernel without a bug passes everything."""
+    report = run_battery(Settings(impl=zoo.attention, impl_name="zoo (no bug)"))
+    assert report.passed, render(report)
+    assert report.count("unsupported") == 0
+
+
+def test_every_quick_check_is_failed_by_some_specimen():
+    """No check can pass vacuously: each one fails for at least one specimen."""
+    failed = {r.check for s in zoo.ZOO for r in battery_for(s).results if r.failed}
+    quick = {c.name for c in CHECKS if not c.full_only}
+    assert quick <= failed, f"never failed by any specimen: {sorted(quick - failed)}"
+
+
+def test_long_sequences_check_catches_low_precision_accumulation():
+    """fwd.long (full profile only) fails for the bf16-accumulating specimen; the clean kernel passes it."""
+    low = next(s for s in zoo.ZOO if s.bug == "low_precision")
+    report = battery_for(low, profile="full", only=("fwd.long",))
+    assert [r.status for r in report.results] == ["FAIL"], render(report)
+    clean = run_battery(Settings(impl=zoo.attention, impl_name="zoo", dtypes=(torch.bfloat16,), profile="full",
+                                 only=("fwd.long",)))
+    assert clean.passed, render(clean)

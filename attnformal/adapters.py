@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 
 import torch
 
@@ -56,15 +57,18 @@ def _sdpa(backend_name, q, k, v, *, scale=None, causal=None, window=None, attn_m
     mask = None
     if not native_causal and (spec.causal or spec.window is not None or not _index_mask_only(spec)):
         mask = spec.allowed(q.device)
-    with sdpa_kernel(getattr(SDPBackend, backend_name)):
+    # A backend that refuses the inputs says why in warnings; they become the unsupported reason.
+    with sdpa_kernel(getattr(SDPBackend, backend_name)), warnings.catch_warnings(record=True) as reasons:
+        warnings.simplefilter("always")
         try:
             return scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=spec.dropout_p,
                                                 is_causal=native_causal, scale=spec.scale,
                                                 enable_gqa=spec.group > 1)
         except RuntimeError as err:
-            if "No available kernel" in str(err):
-                raise NotImplementedError(f"SDPA {backend_name} backend refuses these inputs") from None
-            raise
+            if "No available kernel" not in str(err):
+                raise
+            why = "; ".join(str(w.message).partition(" (Triggered")[0] for w in reasons) or str(err)
+            raise NotImplementedError(f"SDPA {backend_name} backend refuses these inputs: {why}") from None
 
 
 sdpa_math = functools.partial(_sdpa, "MATH")

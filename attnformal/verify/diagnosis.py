@@ -74,8 +74,7 @@ BUG_CLASSES = {c.id: c for c in (
     BugClass("nondeterminism", "repeated identical calls disagree (a race or an uninitialised read)"),
     BugClass("unstable_softmax", "the softmax does not subtract the running maximum: exp overflows or "
                                  "underflows for large logits"),
-    BugClass("head_specific", "one head or batch computes differently from the others (a systematic error "
-                              "under the tolerance)"),
+    BugClass("head_specific", "one head computes differently from the others (e.g. a per-head parameter)"),
     BugClass("uninitialised_output", "part of the output is never written (uninitialised memory)"),
     BugClass("input_mutation", "the implementation modifies its inputs in place"),
     BugClass("contract", "the protocol's contract is broken (shape, dtype, missing gradient or a crash)"),
@@ -125,6 +124,8 @@ def localise(name: str, over: torch.Tensor, case, expected) -> tuple[str, list[F
     found = []
     if nb > 1 and batches == list(range(1, nb)):
         found.append(finding("batch_indexing", HINT, "every batch fails except batch 0"))
+    if nh > 1 and len(heads) == 1 and len(batches) == nb:
+        found.append(finding("head_specific", PATTERN, f"only head {heads[0]} fails, in every batch"))
     if name not in ("dk", "dv") and spec.group > 1 and spec.heads_kv > 1:
         h = torch.arange(spec.heads_q)
         misread = torch.nonzero(h // spec.group != h % spec.heads_kv).flatten().tolist()

@@ -63,6 +63,7 @@ ZOO = [
     Specimen("softcap_before_scale", "softcap_wrong", "softcap applied to the unscaled scores"),
     Specimen("race", "nondeterminism", "each call loses one random key block of one head (a lost update)"),
     Specimen("uninitialised_output", "uninitialised_output", "rows without keys are never written"),
+    Specimen("one_head_scale", "head_specific", "head 0 uses a scale 1.6% too large", dtype="bfloat16"),
 ]
 
 _RACE = torch.Generator().manual_seed(0)  # the "race" specimen's lost update: a different block each call
@@ -158,6 +159,8 @@ def _scores(spec, q, k, bug):
     if spec.softcap is not None and bug == "softcap_before_scale":
         return spec.scale * spec.softcap * torch.tanh(s / spec.softcap)
     s = spec.scale * s
+    if bug == "one_head_scale":
+        s[:, 0] *= 1 + 2.0**-6
     if spec.softcap is not None:
         s = spec.softcap * torch.tanh(s / spec.softcap)
     return s

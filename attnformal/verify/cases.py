@@ -150,10 +150,3 @@ def non_contiguous(t: torch.Tensor) -> torch.Tensor:
     view = buffer.transpose(1, 2)[..., ::2]
     view.copy_(t)
     return view
-
-
-def identity_values(case_like_v: torch.Tensor, len_k: int) -> torch.Tensor:
-    """``V = I`` (``Dv = Sk``) for every batch and KV head: the output is then the matrix P itself."""
-    b, hkv = case_like_v.shape[:2]
-    eye = torch.eye(len_k, dtype=torch.float64)
-    return eye.expand(b, hkv, len_k, len_k).clone()

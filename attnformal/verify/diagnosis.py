@@ -223,7 +223,7 @@ def _cpu_kwargs(case):
 
 
 def _mutants(case, backward: bool):
-    """``(bug, description, values)`` for each mutant problem that differs from the case."""
+    """``(bug, description, compute)`` for each mutant problem that differs from the case."""
     spec = case.spec
     q, k, v = (t.detach().cpu().double() for t in (case.q, case.k, case.v))
     grad_out = case.grad_out.detach().cpu().double() if backward else None
@@ -231,35 +231,34 @@ def _mutants(case, backward: bool):
     if spec.group > 1 and spec.heads_kv > 1:
         modulo = torch.arange(spec.heads_q) % spec.heads_kv
         yield ("gqa_head_mapping", "query head h reads KV head h % Hkv",
-               lambda: _reference_of(q, k[:, modulo], v[:, modulo], grad_out, **kw), ("out", "lse"))
+               lambda: _reference_of(q, k[:, modulo], v[:, modulo], grad_out, **kw))
     if spec.batch > 1:
         first = torch.zeros(spec.batch, dtype=torch.long)
         kw0 = {**kw, "kv_lens": None if spec.kv_lens is None else [spec.kv_lens[0]] * spec.batch}
         yield ("batch_indexing", "every batch reads K and V of batch 0",
-               lambda: _reference_of(q, k[first], v[first], grad_out, **kw0), ("out", "lse"))
+               lambda: _reference_of(q, k[first], v[first], grad_out, **kw0))
         yield ("batch_indexing", "every batch reads Q, K and V of batch 0",
-               lambda: _reference_of(q[first], k[first], v[first], grad_out, **kw0), ("out", "lse"))
+               lambda: _reference_of(q[first], k[first], v[first], grad_out, **kw0))
     if spec.causal and spec.len_q != spec.len_k:
         other = "top_left" if spec.causal == "bottom_right" else "bottom_right"
         yield ("causal_alignment", f"causal={other!r} was used instead of {spec.causal!r}",
-               lambda: _reference_of(q, k, v, grad_out, **{**kw, "causal": other}), ("out", "lse"))
+               lambda: _reference_of(q, k, v, grad_out, **{**kw, "causal": other}))
     if "scale" in kw:
         yield ("scale_ignored", "the scale argument was ignored (1/sqrt(D) used)",
-               lambda: _reference_of(q, k, v, grad_out, **{**kw, "scale": None}), ("out", "lse"))
+               lambda: _reference_of(q, k, v, grad_out, **{**kw, "scale": None}))
     if spec.kv_lens is not None:
         yield ("kv_lens_ignored", "kv_lens was ignored",
-               lambda: _reference_of(q, k, v, grad_out, **{**kw, "kv_lens": None}), ("out", "lse"))
+               lambda: _reference_of(q, k, v, grad_out, **{**kw, "kv_lens": None}))
     if _mask_free(kw):
         for block in COMMON_BLOCKS:
             if spec.len_k % block and spec.len_k > block // 2:
                 yield ("ragged_block", f"the last key block (block size {block}) is padded with zero keys "
                                        f"that enter the softmax",
-                       _padded_reference(q, k, v, grad_out, kw, block), ("out", "lse"))
+                       _padded_reference(q, k, v, grad_out, kw, block))
     if backward and spec.group > 1:
         for pick in ("first", "last"):
             yield ("gqa_backward_not_summed", f"dK/dV of each KV head come from the {pick} query head of its "
-                                              f"group only", _one_head_gradients(q, k, v, grad_out, kw, spec, pick),
-                   ("dk", "dv"))
+                                              f"group only", _one_head_gradients(q, k, v, grad_out, kw, spec, pick))
 
 
 def _mask_free(kw) -> bool:
@@ -290,24 +289,20 @@ def _one_head_gradients(q, k, v, grad_out, kw, spec, pick):
     return run
 
 
-def mutant_findings(case, observed, names, failing: dict[str, float], *, backward: bool) -> list[Finding]:
+def mutant_findings(case, observed, failing: dict[str, float], *, backward: bool) -> list[Finding]:
     """Mutant problems whose reference explains the failing tensors far better than the true one.
 
     ``failing`` maps each failing tensor name to its largest error against the true reference;
-    a mutant explains it when its largest error is below 5% of that, for every failing tensor
-    the mutant speaks about.
+    a mutant explains the result when its own largest error is below 5% of that for every
+    failing tensor.
     """
-    found = []
     if not all(math.isfinite(e) for e in failing.values()):
-        return found  # NaN or Inf in the result: no mutant's finite values can explain it
-    for bug, description, compute, speaks_about in _mutants(case, backward):
-        relevant = [n for n in failing if n in names and (n in speaks_about or n in ("dq", "dk", "dv"))]
-        if not relevant:
-            continue
+        return []  # NaN or Inf in the result: no mutant's finite values can explain it
+    found = []
+    for bug, description, compute in _mutants(case, backward):
         values = compute()
-        explained = all(
-            _max_error(observed.get(n), values[n]) <= 0.05 * failing[n] for n in relevant if n in values)
-        if explained and any(n in values for n in relevant):
+        if all(name in values and _max_error(observed.get(name), values[name]) <= 0.05 * error
+               for name, error in failing.items()):
             found.append(finding(bug, STRONG, f"the result matches a problem where {description}"))
     return found
 
@@ -341,7 +336,7 @@ def support_findings(p_impl: torch.Tensor, case) -> tuple[list[str], list[Findin
              f"allowed ones"]
     if spec.causal and spec.len_q != spec.len_k:
         other = "top_left" if spec.causal == "bottom_right" else "bottom_right"
-        other_allowed = AttentionSpec.from_inputs(case.q.cpu(), case.k.cpu(), _dv_like(case),
+        other_allowed = AttentionSpec.from_inputs(case.q.cpu(), case.k.cpu(), case.v.cpu(),
                                                   **{**_cpu_kwargs(case), "causal": other}).allowed()
         if torch.equal(nonzero, other_allowed):
             return texts, [finding("causal_alignment", STRONG,
@@ -355,10 +350,6 @@ def support_findings(p_impl: torch.Tensor, case) -> tuple[list[str], list[Findin
             edge.split()[0]]
         return texts, [finding(bug, STRONG, f"the mask differs only at the {edge} ({n} positions)")]
     return texts, [finding("mask_wrong", PATTERN, f"{texts[0]}, not next to one boundary")]
-
-
-def _dv_like(case):
-    return case.v.cpu()
 
 
 def _edge_counts(extra, missing, spec: AttentionSpec) -> dict[str, int]:

@@ -37,6 +37,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 @dataclass
 class Settings:
+    """One run of the battery: what to test, how, and where reproducers go."""
+
     impl: Callable
     impl_name: str
     dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16)
@@ -50,7 +52,6 @@ class Settings:
     use_certified: bool = True
     only: tuple[str, ...] = ()
     threads: int | None = 1  # torch CPU threads during the run (None: leave as is); the cases are small
-
 
     def selects(self, check_name: str) -> bool:
         return not self.only or any(fnmatch.fnmatch(check_name, pattern) for pattern in self.only)
@@ -151,14 +152,14 @@ class CheckRun:
     def expected(self, case: Case, *, backward=False) -> Expected:
         return expected_for(case, backward=backward, use_certified=self.settings.use_certified)
 
-    def against_reference(self, case: Case, *, lse=False, backward=False, expected: Expected | None = None,
-                          names=None) -> CaseRecord | None:
+    def against_reference(self, case: Case, *, lse=False, backward=False,
+                          expected: Expected | None = None) -> CaseRecord | None:
         """Run the case and judge every tensor it returns against the reference (or ``expected``)."""
         observed = self.observe(case, lse=lse, backward=backward)
         if observed is None:
             return None
         expected = expected or self.expected(case, backward=backward)
-        names = names or (["out"] + (["lse"] if lse else []) + (["dq", "dk", "dv"] if backward else []))
+        names = ["out"] + (["lse"] if lse else []) + (["dq", "dk", "dv"] if backward else [])
         naive = naive_for(case, backward=backward) if self.settings.tolerance == "naive" and case.dtype in \
             LOW_PRECISION else None
         comparisons = [judge(self.settings.tolerance, n, observed.get(n), expected, case.dtype, naive=naive)
@@ -174,6 +175,11 @@ class CheckRun:
                          expected, case_features(case, lse=lse, backward=backward))
         self.records.append(rec)
         return rec
+
+    def fail(self, record: CaseRecord, problems):
+        """Add structural problems to a recorded case (which then fails)."""
+        record.problems += problems
+        record.status = "FAIL"
 
     def find(self, bug, weight, evidence):
         self.findings.append(finding(bug, weight, evidence))
@@ -208,7 +214,7 @@ def _conclude(settings: Settings, run: CheckRun, result: CheckResult):
     result.metrics = {**_metrics(records), **run.metrics}
     result.reference = next((r.expected.source for r in records if r.expected is not None), "")
     tested = [r for r in records if r.case.role != "control"]  # a control alone does not make a pass
-    if failed or required or (run.findings and not records):
+    if failed or required:
         result.status = "FAIL"
     elif all(r.status == "unsupported" for r in tested):
         result.status = "unsupported"
@@ -221,7 +227,7 @@ def _conclude(settings: Settings, run: CheckRun, result: CheckResult):
                               f"in case {r.case.describe()}")
     if result.status == "FAIL" and failed:
         worst = max(failed, key=lambda r: r.worst_ratio)
-        _explain(settings, run, worst, result)
+        _explain(settings, worst, result)
     result.summary = _summary(result, failed, records)
 
 
@@ -252,7 +258,7 @@ def _summary(result: CheckResult, failed, records) -> str:
     return f"{len(failed)}/{len(records)} cases fail; worst: {what}"
 
 
-def _explain(settings: Settings, run: CheckRun, worst: CaseRecord, result: CheckResult):
+def _explain(settings: Settings, worst: CaseRecord, result: CheckResult):
     """Localise the worst failing case, look for an explanation, and save its reproducer."""
     result.details.insert(0, f"worst case: {worst.case.describe()} (seed {worst.case.seed})")
     failing = {c.name: c.max_abs for c in worst.comparisons if not c.passed and c.numel and c.name in FIELDS}
@@ -272,10 +278,9 @@ def _explain(settings: Settings, run: CheckRun, worst: CaseRecord, result: Check
             if factor is not None:
                 result.findings.append(factor)
     if failing and worst.observed is not None and _small_enough(worst.case):
-        result.findings += diagnosis.mutant_findings(worst.case, worst.observed, list(failing), failing,
-                                                     backward=worst.backward)
+        result.findings += diagnosis.mutant_findings(worst.case, worst.observed, failing, backward=worst.backward)
     result.findings = list(dict.fromkeys(result.findings))
-    _save_reproducer(settings, run, worst, result)
+    _save_reproducer(settings, worst, result)
 
 
 def _small_enough(case) -> bool:
@@ -283,7 +288,7 @@ def _small_enough(case) -> bool:
     return s.batch * s.heads_q * s.len_q * s.len_k <= 2**22
 
 
-def _save_reproducer(settings: Settings, run: CheckRun, worst: CaseRecord, result: CheckResult):
+def _save_reproducer(settings: Settings, worst: CaseRecord, result: CheckResult):
     rerun = (f"python -m attnformal.verify --impl {settings.impl_name} --dtypes {result.dtype} "
              f"--profile {settings.profile} --tolerance {settings.tolerance} --seed {settings.seed} "
              f"--only '{result.check}'")

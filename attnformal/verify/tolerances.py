@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from attnformal.testing import Comparison, compare_attention, tolerance_for
+from attnformal.testing import Comparison, compare_attention
 
 PROFILES = ("default", "naive", "ascend")
 LOW_PRECISION = (torch.float16, torch.bfloat16)

@@ -71,10 +71,10 @@ def test_mutants_explain_a_gqa_modulo_result_and_not_a_correct_one():
     modulo = torch.arange(4) % 2
     wrong = attention_oracle(case.q, case.k[:, modulo], case.v[:, modulo])
     failing = {"out": float((wrong - attention_oracle(case.q, case.k, case.v)).abs().max())}
-    found = diagnosis.mutant_findings(case, Observed(wrong), ["out"], failing, backward=False)
+    found = diagnosis.mutant_findings(case, Observed(wrong), failing, backward=False)
     assert "gqa_head_mapping" in [f.bug for f in found]
     right = Observed(attention_oracle(case.q, case.k, case.v))
-    assert diagnosis.mutant_findings(case, right, ["out"], {"out": 1e-3}, backward=False) == []
+    assert diagnosis.mutant_findings(case, right, {"out": 1e-3}, backward=False) == []
 
 
 def test_summary_ranks_definitive_over_strong_and_then_by_agreement():

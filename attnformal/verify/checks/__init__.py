@@ -43,4 +43,5 @@ def check(name: str, *, fixed_dtype=None, full_only=False):
     return register
 
 
-from attnformal.verify.checks import hand, accuracy, structure, gradients, dropout  # noqa: E402,F401  (registration)
+# Registration, in report order: hand-computable first, then the reference, structure, gradients, dropout.
+from attnformal.verify.checks import hand, accuracy, structure, gradients, dropout  # noqa: E402,F401,I001

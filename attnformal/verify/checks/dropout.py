@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from attnformal.testing import compare_attention
 from attnformal.verify.cases import generator, random_dropout_mask, shape
 from attnformal.verify.checks import check

@@ -67,8 +67,7 @@ def probabilities(run):
         problems = _probability_problems(case, p, record.expected)
         leaked[case.name] = any("masked positions" in problem for problem in problems)
         if problems:
-            record.problems += problems
-            record.status = "FAIL"
+            run.fail(record, problems)
             if case.name != NEGATIVE:
                 texts, found = support_findings(p.nan_to_num(nan=0.0), case)
                 run.notes.extend(f"{case.name}: {t}" for t in texts)

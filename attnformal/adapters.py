@@ -16,6 +16,7 @@ flash_attn's ``causal``/``window_size``, torch_npu's ``sparse_mode`` from
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 import warnings
 
@@ -23,11 +24,20 @@ import torch
 
 from attnformal.spec import AttentionSpec
 
-NOT_INSTALLED = "{} is not installed"
+def adapter(translate):
+    """A protocol function from ``translate(spec, q, k, v, return_lse)``: the call is validated once, here."""
+    @functools.wraps(translate)
+    def impl(q, k, v, *, return_lse=False, **protocol):
+        return translate(AttentionSpec.from_inputs(q, k, v, **protocol), q, k, v, return_lse)
+    return impl
 
 
-def _spec(q, k, v, **kwargs) -> AttentionSpec:
-    return AttentionSpec.from_inputs(q, k, v, **kwargs)
+def _optional(module: str):
+    """Import an optional package, or report the adapter as unsupported."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise NotImplementedError(f"{module} is not installed") from None
 
 
 def _index_mask_only(spec: AttentionSpec) -> bool:
@@ -42,16 +52,13 @@ def _refuse(condition, reason):
 # ---------------------------------------------------------------- torch SDPA, one backend at a time
 
 
-def _sdpa(backend_name, q, k, v, *, scale=None, causal=None, window=None, attn_mask=None, kv_lens=None,
-          softcap=None, dropout_p=0.0, dropout_mask=None, return_lse=False):
+def _sdpa(backend_name, spec, q, k, v, return_lse):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention
 
-    spec = _spec(q, k, v, scale=scale, causal=causal, window=window, attn_mask=attn_mask, kv_lens=kv_lens,
-                 softcap=softcap, dropout_p=dropout_p, dropout_mask=dropout_mask)
     _refuse(return_lse, "torch SDPA does not return the log-sum-exp")
-    _refuse(softcap is not None, "torch SDPA has no softcap")
-    _refuse(dropout_mask is not None, "torch SDPA draws its own dropout mask and cannot replay a given one")
+    _refuse(spec.softcap is not None, "torch SDPA has no softcap")
+    _refuse(spec.dropout_mask is not None, "torch SDPA draws its own dropout mask and cannot replay a given one")
     # SDPA's own is_causal is top-left; every other mask goes in as the spec's dense mask.
     native_causal = spec.causal == "top_left" and spec.window is None and _index_mask_only(spec)
     mask = None
@@ -71,21 +78,18 @@ def _sdpa(backend_name, q, k, v, *, scale=None, causal=None, window=None, attn_m
             raise NotImplementedError(f"SDPA {backend_name} backend refuses these inputs: {why}") from None
 
 
-sdpa_math = functools.partial(_sdpa, "MATH")
-sdpa_flash = functools.partial(_sdpa, "FLASH_ATTENTION")
-sdpa_efficient = functools.partial(_sdpa, "EFFICIENT_ATTENTION")
-sdpa_cudnn = functools.partial(_sdpa, "CUDNN_ATTENTION")
+sdpa_math = adapter(functools.partial(_sdpa, "MATH"))
+sdpa_flash = adapter(functools.partial(_sdpa, "FLASH_ATTENTION"))
+sdpa_efficient = adapter(functools.partial(_sdpa, "EFFICIENT_ATTENTION"))
+sdpa_cudnn = adapter(functools.partial(_sdpa, "CUDNN_ATTENTION"))
 
 
 # ---------------------------------------------------------------- flex_attention, eager and compiled
 
 
-def _flex(compiled, q, k, v, *, scale=None, causal=None, window=None, attn_mask=None, kv_lens=None,
-          softcap=None, dropout_p=0.0, dropout_mask=None, return_lse=False):
+def _flex(compiled, spec, q, k, v, return_lse):
     from torch.nn.attention.flex_attention import flex_attention
 
-    spec = _spec(q, k, v, scale=scale, causal=causal, window=window, attn_mask=attn_mask, kv_lens=kv_lens,
-                 softcap=softcap, dropout_p=dropout_p, dropout_mask=dropout_mask)
     _refuse(spec.dropout_p > 0, "flex_attention has no dropout")
     _refuse(0 in (spec.len_q, spec.len_k), "flex_attention needs at least one query and one key")
     if compiled and q.device.type == "cpu":
@@ -146,8 +150,8 @@ def _softcap_mod(cap):
     return score_mod
 
 
-flex_eager = functools.partial(_flex, False)
-flex_compiled = functools.partial(_flex, True)
+flex_eager = adapter(functools.partial(_flex, False))
+flex_compiled = adapter(functools.partial(_flex, True))
 
 
 # ---------------------------------------------------------------- the project's own kernels
@@ -188,19 +192,14 @@ def triton_flash(q, k, v, **kwargs):
 # ---------------------------------------------------------------- flash_attn (CUDA)
 
 
-def flash_attn(q, k, v, *, scale=None, causal=None, window=None, attn_mask=None, kv_lens=None, softcap=None,
-               dropout_p=0.0, dropout_mask=None, return_lse=False):
+@adapter
+def flash_attn(spec, q, k, v, return_lse):
     """flash_attn.flash_attn_func ([B, S, H, D] layout, causal and window aligned bottom-right)."""
-    try:
-        from flash_attn import flash_attn_func
-    except ImportError:
-        raise NotImplementedError(NOT_INSTALLED.format("flash_attn")) from None
-    spec = _spec(q, k, v, scale=scale, causal=causal, window=window, attn_mask=attn_mask, kv_lens=kv_lens,
-                 softcap=softcap, dropout_p=dropout_p, dropout_mask=dropout_mask)
+    flash_attn_func = _optional("flash_attn").flash_attn_func
     _refuse(q.device.type != "cuda", "flash_attn runs on CUDA only")
     _refuse(q.dtype not in (torch.float16, torch.bfloat16), "flash_attn supports fp16 and bf16 only")
     _refuse(not _index_mask_only(spec), "flash_attn takes no explicit mask or per-batch lengths here")
-    _refuse(dropout_mask is not None, "flash_attn cannot replay a given dropout mask")
+    _refuse(spec.dropout_mask is not None, "flash_attn cannot replay a given dropout mask")
     _refuse(spec.head_dim_v != spec.head_dim, "flash_attn needs Dv = D")
     _refuse(spec.causal == "top_left" and spec.len_q != spec.len_k, "flash_attn's causal mask is bottom-right")
     left, right = spec.window if spec.window is not None else (-1, -1)
@@ -217,18 +216,13 @@ def flash_attn(q, k, v, *, scale=None, causal=None, window=None, attn_mask=None,
 # ---------------------------------------------------------------- xformers
 
 
-def xformers(q, k, v, *, scale=None, causal=None, window=None, attn_mask=None, kv_lens=None, softcap=None,
-             dropout_p=0.0, dropout_mask=None, return_lse=False):
+@adapter
+def xformers(spec, q, k, v, return_lse):
     """xformers.ops.memory_efficient_attention ([B, M, H, K] layout; GQA as [B, M, G, H, K])."""
-    try:
-        from xformers import ops as xops
-    except ImportError:
-        raise NotImplementedError(NOT_INSTALLED.format("xformers")) from None
-    spec = _spec(q, k, v, scale=scale, causal=causal, window=window, attn_mask=attn_mask, kv_lens=kv_lens,
-                 softcap=softcap, dropout_p=dropout_p, dropout_mask=dropout_mask)
+    xops = _optional("xformers.ops")
     _refuse(return_lse, "the xformers adapter does not return lse")
-    _refuse(softcap is not None, "xformers has no softcap")
-    _refuse(dropout_mask is not None, "xformers cannot replay a given dropout mask")
+    _refuse(spec.softcap is not None, "xformers has no softcap")
+    _refuse(spec.dropout_mask is not None, "xformers cannot replay a given dropout mask")
     bias = None
     if spec.causal == "top_left" and spec.window is None and _index_mask_only(spec):
         bias = xops.LowerTriangularMask()
@@ -249,8 +243,8 @@ def xformers(q, k, v, *, scale=None, causal=None, window=None, attn_mask=None, k
 # ---------------------------------------------------------------- torch_npu (Ascend)
 
 
-def npu_fusion_attention(q, k, v, *, scale=None, causal=None, window=None, attn_mask=None, kv_lens=None,
-                         softcap=None, dropout_p=0.0, dropout_mask=None, return_lse=False):
+@adapter
+def npu_fusion_attention(spec, q, k, v, return_lse):
     """torch_npu.npu_fusion_attention in BNSD layout.
 
     Its ``scale`` defaults to 1 (so the spec's scale is always passed) and its mask is True
@@ -258,14 +252,9 @@ def npu_fusion_attention(q, k, v, *, scale=None, causal=None, window=None, attn_
     :func:`attnformal.npu.npu_mask_args` maps them to (proven by the prover); explicit masks and
     per-batch lengths, or a geometry it does not map, go in as the dense mask.
     """
-    try:
-        import torch_npu
-    except ImportError:
-        raise NotImplementedError(NOT_INSTALLED.format("torch_npu")) from None
-    spec = _spec(q, k, v, scale=scale, causal=causal, window=window, attn_mask=attn_mask, kv_lens=kv_lens,
-                 softcap=softcap, dropout_p=dropout_p, dropout_mask=dropout_mask)
-    _refuse(softcap is not None, "npu_fusion_attention has no softcap")
-    _refuse(dropout_mask is not None, "npu_fusion_attention cannot replay a given dropout mask")
+    torch_npu = _optional("torch_npu")
+    _refuse(spec.softcap is not None, "npu_fusion_attention has no softcap")
+    _refuse(spec.dropout_mask is not None, "npu_fusion_attention cannot replay a given dropout mask")
     sparse_mode, pre_tokens, next_tokens, forbidden = _npu_mask(spec, q.device)
     outputs = torch_npu.npu_fusion_attention(q, k, v, spec.heads_q, "BNSD", atten_mask=forbidden, scale=spec.scale,
                                              keep_prob=1.0 - spec.dropout_p, pre_tockens=pre_tokens,

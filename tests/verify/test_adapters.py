@@ -26,7 +26,7 @@ def test_a_missing_package_is_unsupported_not_a_crash(package, adapter):
     if importlib.util.find_spec(package) is not None:
         pytest.skip(f"{package} is installed")
     q = torch.randn(1, 1, 4, 8)
-    with pytest.raises(NotImplementedError, match=f"{package} is not installed"):
+    with pytest.raises(NotImplementedError, match=f"{package}[.a-z]* is not installed"):
         adapter(q, q, q)
 
 

@@ -155,7 +155,8 @@ def compare_attention(actual, expected, *, dtype, rtol=None, atol=None, magnitud
     nonfinite = ~torch.isfinite(a) & torch.isfinite(r)
     diff = torch.where(torch.isnan(diff), math.inf, diff)
     ratio = torch.where(diff == 0, 0.0, diff / allowed)  # 0/0 is a match; x/0 (x > 0) is inf
-    rel = torch.where(diff == 0, 0.0, diff / r.abs()).nan_to_num(nan=math.inf)
+    has_rel = r != 0  # a relative difference to 0 says nothing; those elements count in the absolute one
+    rel = torch.where(diff == 0, 0.0, diff / r.abs())[has_rel]
     result.ratio = ratio
     result.numel = r.numel()
     if not result.numel:
@@ -164,10 +165,11 @@ def compare_attention(actual, expected, *, dtype, rtol=None, atol=None, magnitud
     result.mismatched, result.nonfinite = int(over.sum()), int(nonfinite.sum())
     result.max_abs, at = _max_with_index(diff)
     result.max_abs_index = _index(at, r.shape)
-    result.max_rel, at = _max_with_index(rel)
-    result.max_rel_index = _index(at, r.shape)
+    if rel.numel():
+        result.max_rel, at = _max_with_index(rel)
+        result.max_rel_index = _index(int(torch.nonzero(has_rel.flatten())[at]), r.shape)
     result.mean_abs = float(diff[torch.isfinite(diff)].mean()) if torch.isfinite(diff).any() else math.inf
-    result.mean_rel = float(rel[torch.isfinite(rel)].mean()) if torch.isfinite(rel).any() else math.inf
+    result.mean_rel = float(rel[torch.isfinite(rel)].mean()) if torch.isfinite(rel).any() else 0.0
     result.worst_ratio, at = _max_with_index(ratio)
     result.worst_index = _index(at, r.shape)
     result.worst_actual, result.worst_expected = float(a.flatten()[at]), float(r.flatten()[at])

@@ -301,8 +301,8 @@ def mutant_findings(case, observed, failing: dict[str, float], *, backward: bool
     found = []
     for bug, description, compute in _mutants(case, backward):
         values = compute()
-        if all(name in values and _max_error(observed.get(name), values[name]) <= 0.05 * error
-               for name, error in failing.items()):
+        if all(name in values and values[name].shape == observed.get(name).shape
+               and _max_error(observed.get(name), values[name]) <= 0.05 * error for name, error in failing.items()):
             found.append(finding(bug, STRONG, f"the result matches a problem where {description}"))
     return found
 
@@ -348,7 +348,8 @@ def support_findings(p_impl: torch.Tensor, case) -> tuple[list[str], list[Findin
     if n >= 0.9 * total and edge != "elsewhere":
         bug = {"causal": "causal_off_by_one", "window": "window_off_by_one", "kv_lens": "kv_lens_ignored"}[
             edge.split()[0]]
-        return texts, [finding(bug, STRONG, f"the mask differs only at the {edge} ({n} positions)")]
+        how = "admits keys beyond" if extra.sum() >= missing.sum() else "drops the last keys inside"
+        return texts, [finding(bug, STRONG, f"the mask {how} the {edge} ({n} positions), nowhere else")]
     return texts, [finding("mask_wrong", PATTERN, f"{texts[0]}, not next to one boundary")]
 
 

@@ -28,6 +28,7 @@ def battery_for(specimen, **changes):
 def test_specimen_is_caught_and_named(specimen):
     report = battery_for(specimen)
     assert not report.passed, f"{specimen.bug} ({specimen.description}) passed the battery"
+    assert report.count("ERROR") == 0, render(report)  # a battery defect must not pass for a detection
     top = report.diagnosis[0].bug if report.diagnosis else None
     assert top == specimen.diagnosis, f"{specimen.bug}: diagnosed {top}, expected {specimen.diagnosis}\n" + render(report)
 

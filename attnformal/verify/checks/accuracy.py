@@ -23,8 +23,8 @@ def random(run):
     cases = [(shape(2, 4, 4, 33, 47, 32), {}), (shape(3, 2, 2, 64, 64, 64), {"scale": 0.3}),
              (shape(1, 3, 3, 100, 17, 16), {})]
     cases += run.pick([], [(shape(2, 8, 8, 512, 512, 128), {}), (shape(2, 2, 2, 1000, 1000, 64), {"scale": 0.05})])
-    for sh, kw in cases:
-        run.against_reference(run.random_case(sh.describe(), sh, grad=False, **kw))
+    for n, (sh, kw) in enumerate(cases):
+        run.against_reference(run.random_case(f"random #{n}", sh, grad=False, **kw))
 
 
 @check("fwd.lengths")
@@ -36,7 +36,7 @@ def lengths(run):
     for n, sk in enumerate(sks):
         sq = (13, 40, sk)[n % 3] if sk <= 64 else (13, 40)[n % 2]
         sh = shape(2, 2, 2, sq, sk, 32)
-        record = run.against_reference(run.random_case(sh.describe(), sh, grad=False))
+        record = run.against_reference(run.random_case(f"Sk={sk}", sh, grad=False))
         if record is not None:
             results[sk] = record.status
     _explain_ragged(run, results)
@@ -57,8 +57,8 @@ def _explain_ragged(run, status_by_len):
 @check("fwd.empty")
 def empty(run):
     """Zero-length queries or keys: an empty output, or zeros (no key to attend)."""
-    for sh in [shape(2, 2, 2, 0, 5, 16), shape(2, 2, 2, 5, 0, 16), shape(2, 2, 2, 0, 0, 16)]:
-        run.against_reference(run.random_case(sh.describe(), sh, grad=False))
+    for n, sh in enumerate([shape(2, 2, 2, 0, 5, 16), shape(2, 2, 2, 5, 0, 16), shape(2, 2, 2, 0, 0, 16)]):
+        run.against_reference(run.random_case(f"empty #{n}", sh, grad=False))
 
 
 @check("fwd.head_dims")
@@ -66,8 +66,8 @@ def head_dims(run):
     """Odd head dims (59, 111) and a value dim different from the key dim."""
     shapes = [shape(2, 2, 2, 40, 40, 59), shape(1, 2, 2, 33, 65, 111), shape(2, 2, 2, 30, 50, 32, 48)]
     shapes += run.pick([], [shape(2, 2, 2, 64, 64, 64, 16), shape(1, 2, 2, 64, 80, 1), shape(1, 2, 2, 64, 64, 256)])
-    for sh in shapes:
-        run.against_reference(run.random_case(sh.describe(), sh, grad=False))
+    for n, sh in enumerate(shapes):
+        run.against_reference(run.random_case(f"head dims #{n}", sh, grad=False))
 
 
 @check("fwd.noncontiguous")
@@ -90,23 +90,22 @@ def long(run):
     for sh, kw in [(shape(1, 2, 1, 64, 8192 + 17, 64), {}), (shape(1, 2, 2, 128, 16384, 64),
                                                              {"causal": "bottom_right"}),
                    (shape(1, 2, 2, 2048, 2048, 64), {"causal": "bottom_right"})]:
-        run.against_reference(run.random_case(sh.describe(), sh, grad=False, **kw))
+        run.against_reference(run.random_case(f"long Sk={sh.len_k}", sh, grad=False, **kw))
 
 
 @check("fwd.gqa")
 def gqa(run):
     """GQA and MQA against a reference that repeats K and V explicitly."""
     shapes = [shape(2, 8, 2, 40, 56, 32), shape(1, 6, 3, 17, 33, 16), shape(2, 4, 1, 33, 47, 32)]
-    for sh in shapes:
-        run.against_reference(run.random_case(sh.describe(), sh, grad=False, causal="bottom_right"))
+    for n, sh in enumerate(shapes):
+        run.against_reference(run.random_case(f"gqa #{n}", sh, grad=False, causal="bottom_right"))
 
 
 # -- masks
 
 def _mask_cases(run, kwargs_list, shapes):
-    for kw in kwargs_list:
-        for sh in shapes:
-            run.against_reference(run.random_case(f"{kw} {sh.describe()}", sh, grad=False, **kw))
+    for n, (kw, sh) in enumerate((kw, sh) for kw in kwargs_list for sh in shapes):
+        run.against_reference(run.random_case(f"mask #{n}", sh, grad=False, **kw))
 
 
 @check("mask.causal_top_left")
@@ -230,7 +229,7 @@ def symmetric_qk(run):
     """q = k: symmetric scores with the largest on the diagonal."""
     sh = shape(2, 2, 2, 48, 48, 32)
     for kw in ({}, {"causal": "top_left"}):
-        case = run.random_case(f"q = k {kw}", sh, grad=False, **kw)
+        case = run.random_case("q = k" + (" causal" if kw else ""), sh, grad=False, **kw)
         case.k.copy_(case.q)
         run.against_reference(case)
 

@@ -46,8 +46,8 @@ def random(run):
     cases = [(shape(2, 4, 4, 33, 47, 32), {}), (shape(3, 2, 2, 64, 64, 64), {"scale": 0.3}),
              (shape(1, 3, 3, 100, 17, 16), {})]
     cases += run.pick([], [(shape(2, 4, 4, 512, 512, 128), {}), (shape(1, 2, 2, 1000, 1000, 64), {})])
-    for sh, kw in cases:
-        _backward_case(run, run.random_case(sh.describe(), sh, **kw))
+    for n, (sh, kw) in enumerate(cases):
+        _backward_case(run, run.random_case(f"random #{n}", sh, **kw))
 
 
 @check("bwd.lengths")
@@ -57,7 +57,7 @@ def lengths(run):
     for n, sk in enumerate(sks):
         sh = shape(2, 2, 2, (13, 70, sk)[n % 3], sk, 32)
         kw = {"causal": "bottom_right"} if n % 2 else {}
-        _backward_case(run, run.random_case(f"{sh.describe()} {kw}", sh, **kw))
+        _backward_case(run, run.random_case(f"Sk={sk}", sh, **kw))
 
 
 @check("bwd.gqa")
@@ -65,8 +65,8 @@ def gqa(run):
     """GQA and MQA: dK and dV of a KV head are the sum over its query heads (MHA twin as control)."""
     control = _backward_case(run, run.random_case("MHA control", shape(2, 4, 4, 40, 56, 32), causal="bottom_right"))
     failed = []
-    for sh in (shape(2, 8, 2, 40, 56, 32), shape(2, 4, 1, 33, 47, 32)):
-        record = _backward_case(run, run.random_case(sh.describe(), sh, causal="bottom_right"))
+    for n, sh in enumerate((shape(2, 8, 2, 40, 56, 32), shape(2, 4, 1, 33, 47, 32))):
+        record = _backward_case(run, run.random_case(f"gqa #{n}", sh, causal="bottom_right"))
         if record is not None and record.status == "FAIL":
             failed.append(record)
     if control is not None and control.status == "pass" and failed:
@@ -82,7 +82,7 @@ def masks(run):
     mask = random_attn_mask(generator(run.seed("mask")), sh, 0.7)
     for kw in ({"causal": "top_left"}, {"causal": "bottom_right"}, {"window": (6, 2)}, {"kv_lens": [45, 17]},
                {"attn_mask": mask}, {"softcap": 5.0, "scale": 1.0}):
-        _backward_case(run, run.random_case(f"{list(kw)}", sh, **kw))
+        _backward_case(run, run.random_case(" + ".join(kw), sh, **kw))
 
 
 @check("bwd.empty_rows")
@@ -115,7 +115,7 @@ def key_sum(run):
     sh = shape(2, 4, 2, 30, 45, 32)
     mask = random_attn_mask(generator(run.seed("mask")), sh, 0.7)
     for kw in ({}, {"causal": "bottom_right", "kv_lens": [45, 20]}, {"attn_mask": mask}):
-        case = run.random_case(f"{list(kw)}", sh, **kw)
+        case = run.random_case(" + ".join(kw) or "no mask", sh, **kw)
         observed = run.observe(case, backward=True)
         if observed is None:
             continue

@@ -139,10 +139,10 @@ def row_shift(run):
     """Adding the same vector c to every key adds scale * q_i . c to all logits of row i: output unchanged."""
     for kw in ({}, {"causal": "bottom_right", "kv_lens": [50, 31]}):
         sh = shape(2, 2, 2, 24, 50, 32)
-        case = _grid_case(run, f"shift {kw}", sh, **kw)
+        case = _grid_case(run, "grid values" + (" + causal + kv_lens" if kw else ""), sh, **kw)
         gen = generator(run.seed("shift"))
         c = 8.0 * torch.sign(randn(gen, 1, 1, 1, sh.head_dim))  # per-row shifts of up to ~+-30 logits
-        shifted = case.with_(name=f"keys + c {kw}", k=(case.k.double().cpu() + c).to(case.k))
+        shifted = case.with_(name=f"{case.name}, keys + c", k=(case.k.double().cpu() + c).to(case.k))
         _relation(run, case, shifted, lambda out: out)
 
 
@@ -153,7 +153,7 @@ def key_permutation(run):
     perm = torch.randperm(sh.len_k, generator=generator(run.seed("perm")))
     mask = random_attn_mask(generator(run.seed("mask")), sh, 0.6)
     for kw in ({}, {"attn_mask": mask}):
-        case = run.random_case(f"permuted keys {list(kw)}", sh, grad=False, **kw)
+        case = run.random_case("permuted keys" + (" + attn_mask" if kw else ""), sh, grad=False, **kw)
         moved_kw = {"attn_mask": case.kwargs["attn_mask"][..., perm.to(run.device)]} if kw else {}
         moved = case.with_(k=case.k[:, :, perm.to(run.device)].contiguous(),
                            v=case.v[:, :, perm.to(run.device)].contiguous(), kwargs={**case.kwargs, **moved_kw})
@@ -167,7 +167,7 @@ def batch_head_permutation(run):
                    (shape(2, 3, 3, 20, 37, 32), {"attn_mask": True})]:
         if kw.get("attn_mask") is True:
             kw = {"attn_mask": random_attn_mask(generator(run.seed("mask")), sh, 0.7)}
-        case = run.random_case(f"rotated batches and heads {list(kw)}", sh, grad=False, **kw)
+        case = run.random_case("rotated batches and heads + " + " + ".join(kw), sh, grad=False, **kw)
         batches = torch.roll(torch.arange(sh.batch), -1)  # new batch b is old batch b + 1: no fixed point
         kv_heads = torch.roll(torch.arange(sh.heads_kv), -1)
         group = sh.heads_q // sh.heads_kv

@@ -9,7 +9,8 @@
   in units that the dtype's ``atol`` multiplies. Each result is a sum of terms (the output
   ``out_i = sum_j P_ij v_j``; dV, dQ and dK through the FlashAttention-2 formulas). A
   correct kernel rounds each term to the storage dtype at most a few times (FA2 rounds P
-  to bf16 before P @ V), which costs about ``u_dtype * sqrt(sum of squared terms)``: the
+  to bf16 before P @ V; a naive kernel rounds the scores ``s`` too, which moves a term by
+  ``u |s|`` of itself), which costs about ``u_dtype * sqrt(sum of squared terms)``: the
   root-sum-square of the terms. It accumulates in float32 (float64 for float64 inputs),
   which costs at most ``u_compute * sqrt(n) * sum |terms|``, where the first-order effect of
   an error ``u |s_ij|`` in each score is included, with ``|s_ij| <= scale * |q_i| . |k_j|``.
@@ -65,7 +66,7 @@ def expected_for(case, *, backward: bool, use_certified: bool = True) -> Expecte
     oracle, p = _oracle_values(spec, q, k, v, grad_out)
     values = values or oracle
     dtypes = {name: _lse_dtype(case.dtype) if name == "lse" else case.dtype for name in values}
-    rss, abs_sum = _term_sizes(spec, q, k, v, p, values["out"], grad_out)
+    rss, abs_sum = _term_sizes(spec, q, k, v, p, values["out"], oracle["lse"], grad_out)
     terms = _accumulation(spec)
     floor = _underflow_floor(q, k, v, grad_out, spec)
     magnitude = {name: rss[name] + _compute_share(dtypes[name]) * accumulation_growth(terms[name]) * abs_sum[name]
@@ -157,25 +158,31 @@ def dropout_weights(spec: AttentionSpec):
     return spec.dropout_mask.double() / (1.0 - spec.dropout_p)
 
 
-def _term_sizes(spec, q, k, v, p, out, grad_out) -> tuple[dict, dict]:
-    """Per element: the root-sum-square and the abs-sum (with score errors) of the summed terms."""
-    q, k, v, p, out = (t.float() for t in (q, k, v, p, out))
+def _term_sizes(spec, q, k, v, p, out, lse, grad_out) -> tuple[dict, dict]:
+    """Per element: the root-sum-square of the summed terms (each term rounded once, and its score
+    rounded once) and their abs-sum with a bound on the score errors."""
+    q, k, v, p, out, lse = (t.float() for t in (q, k, v, p, out, lse))
     heads = spec.kv_heads()
     kx, vx = k[:, heads], v[:, heads]
     score_size = spec.scale * (q.abs() @ kx.abs().transpose(-1, -2))  # bounds |s_ij|, so its error
+    # The scores themselves, from s = lse + log P where P > 0 (elsewhere the term is 0 anyway).
+    score_sq = torch.where(p > 0, lse[..., None] + p.clamp(min=torch.finfo(p.dtype).tiny).log(), 0.0) ** 2
     w = dropout_weights(spec)
     w = w.float() if isinstance(w, torch.Tensor) else w
     pw = p * w
-    rss = {"out": ((pw * pw) @ (vx * vx)).sqrt(), "lse": torch.ones_like(out[..., 0])}
+    pw_sq = pw * pw
+    rss = {"out": (pw_sq * (1 + 2 * score_sq) @ (vx * vx) + 2 * (pw_sq * score_sq).sum(-1, keepdim=True) * out * out)
+           .sqrt(),
+           "lse": torch.ones_like(lse)}
     abs_sum = {"out": (pw * (1 + score_size)) @ vx.abs() + (pw * score_size).sum(-1, keepdim=True) * out.abs(),
                "lse": 1 + (p * score_size).sum(-1)}
     if grad_out is not None:
         do = grad_out.float()
         ds_terms = p * ((w * (do.abs() @ vx.abs().transpose(-1, -2))) + (do.abs() * out.abs()).sum(-1, keepdim=True))
-        ds_sq, ds_abs = ds_terms * ds_terms, ds_terms * (1 + score_size)
+        ds_sq, ds_abs = ds_terms * ds_terms * (1 + score_sq), ds_terms * (1 + score_size)
         rss["dq"] = spec.scale * (ds_sq @ (kx * kx)).sqrt()
         rss["dk"] = spec.scale * _group_sum(ds_sq.transpose(-1, -2) @ (q * q), spec).sqrt()
-        rss["dv"] = _group_sum((pw * pw).transpose(-1, -2) @ (do * do), spec).sqrt()
+        rss["dv"] = _group_sum((pw_sq * (1 + score_sq)).transpose(-1, -2) @ (do * do), spec).sqrt()
         abs_sum["dq"] = spec.scale * ds_abs @ kx.abs()
         abs_sum["dk"] = spec.scale * _group_sum(ds_abs.transpose(-1, -2) @ q.abs(), spec)
         abs_sum["dv"] = _group_sum((pw * (1 + score_size)).transpose(-1, -2) @ do.abs(), spec)

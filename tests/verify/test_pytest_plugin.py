@@ -1,5 +1,6 @@
 """pytest --attn-impl: the battery as tests (pass, fail with the account, skip when unsupported)."""
 
+import importlib.metadata
 from pathlib import Path
 
 import pytest
@@ -7,13 +8,20 @@ import pytest
 ZOO = __import__("zoo").__file__
 
 pytest_plugins = ["pytester"]
+PLUGIN = "attnformal.verify.pytest_plugin"
+
+
+def load_plugin() -> list[str]:
+    """``-p PLUGIN`` unless the installed ``pytest11`` entry point loads it already (twice is an error)."""
+    installed = any(ep.value == PLUGIN for ep in importlib.metadata.entry_points(group="pytest11"))
+    return [] if installed else ["-p", PLUGIN]
 
 
 @pytest.fixture
 def battery(pytester):
     def run(*args):
-        return pytester.runpytest_inprocess("-p", "attnformal.verify.pytest_plugin", "-p", "no:cacheprovider",
-                                            "--attn-dtypes", "float32", *args)
+        return pytester.runpytest_inprocess(*load_plugin(), "-p", "no:cacheprovider", "--attn-dtypes", "float32",
+                                            *args)
     return run
 
 

@@ -1,0 +1,58 @@
+"""Time the conformance battery per implementation and profile, and print the zoo's detection table.
+
+    python benchmarks/bench_verify.py [--profiles quick full] [--impls sdpa-math torch-tiled ...] [--zoo]
+
+Prints wall and process-CPU seconds (CPU time is the number to compare on a shared machine),
+and the pass / FAIL / unsupported counts. With --zoo, runs the quick battery on every specimen
+of tests/verify/zoo.py and prints which bug class the battery names first.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from attnformal.adapters import resolve
+from attnformal.verify import Settings, run_battery
+
+IMPLS = ["sdpa-math", "sdpa-flash", "torch-tiled", "torch-tiled-split", "torch-tiled-small", "flex", "flex-compiled"]
+
+
+def time_battery(profiles, impls):
+    print("| implementation | profile | wall s | CPU s | pass | FAIL | unsupported |")
+    print("|---|---|---|---|---|---|---|")
+    for profile in profiles:
+        for alias in impls:
+            r = run_battery(Settings(impl=resolve(alias), impl_name=alias, profile=profile))
+            print(f"| {alias} | {profile} | {r.seconds:.1f} | {r.cpu_seconds:.1f} | {r.count('pass')} | "
+                  f"{r.count('FAIL')} | {r.count('unsupported')} |", flush=True)
+
+
+def zoo_table():
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "verify"))
+    import zoo
+
+    print("| specimen: its one bug | dtype | named first | right? | checks failed | CPU s |")
+    print("|---|---|---|---|---|---|")
+    for s in zoo.ZOO:
+        r = run_battery(Settings(impl=zoo.specimen_impl(s.bug), impl_name=s.bug, dtypes=(getattr(torch, s.dtype),)))
+        top = r.diagnosis[0].bug if r.diagnosis else "-"
+        print(f"| `{s.bug}`: {s.description} | {s.dtype} | {top} | {'yes' if top == s.diagnosis else 'NO'} | "
+              f"{sum(x.failed for x in r.results)}/{len(r.results)} | {r.cpu_seconds:.1f} |", flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--profiles", nargs="+", default=["quick", "full"])
+    p.add_argument("--impls", nargs="+", default=IMPLS)
+    p.add_argument("--zoo", action="store_true", help="also print the zoo's detection table")
+    args = p.parse_args()
+    time_battery(args.profiles, args.impls)
+    if args.zoo:
+        print()
+        zoo_table()
+
+
+if __name__ == "__main__":
+    main()

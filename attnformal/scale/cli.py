@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch CPU threads (default 1 on cpu: on a shared machine, intra-op threads "
                         "spin-wait on busy cores and their cost, not the kernel's, sets the exponent)")
     p.add_argument("--seed", type=int, default=0, help="seed of the inputs and of the bootstrap")
-    p.add_argument("--out", default="scale-results", help="directory for sweep.json, sweep.csv, sweep.png")
+    p.add_argument("--out", default="out/scale", help="directory for sweep.json, sweep.csv, sweep.png")
     return p
 
 

@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(grows with N), window (with --sweep W=...). Window: query i sees keys i-W..i")
     p.add_argument("--dtype", default="float32", choices=SUPPORTED_DTYPES)
     p.add_argument("--device", default="cpu", help="cpu, cuda or npu (needs torch_npu)")
+    p.add_argument("--clock", default="wall", choices=("wall", "process"),
+                   help="CPU timer: wall clock (default), or the process's CPU time, which a shared machine's "
+                        "other jobs do not inflate (with --threads 1: the time the kernel ran)")
     p.add_argument("--backward", action="store_true", help="time forward + backward (autograd on out)")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=2)
@@ -124,7 +127,7 @@ def configure(args):
             raise ValueError("argument '--mask': --sweep W=... needs the mask 'window' (its width is swept), "
                              f"and 'window' without a width needs --sweep W=...; got --mask {mask.label} "
                              f"with --sweep {sweep.param}=...")
-    device = Device(args.device)
+    device = Device(args.device, args.clock)
     threads = args.threads if args.threads is not None else (1 if args.device == "cpu" else None)
     if threads is not None:
         if threads < 1:

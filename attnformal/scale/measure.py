@@ -1,9 +1,12 @@
 """Synchronised timing and isolated peak memory on CPU, CUDA and Ascend NPU.
 
 Timing: CPU kernels return when their work is done, so a wall clock around the call is
-the time. CUDA and NPU calls return at launch; there each sample is bracketed by device
-events recorded on the stream and read after the end event has completed, so a sample is
-always completion time, never launch-return time.
+the time. On a machine shared with other jobs the wall clock also counts the time this
+process sat descheduled; ``clock="process"`` reads the process's CPU time instead (all
+its threads together: with one thread, the time the kernel actually ran). CUDA and NPU
+calls return at launch; there each sample is bracketed by device events recorded on the
+stream and read after the end event has completed, so a sample is always completion
+time, never launch-return time.
 
 Peak memory of one call, above what was live before it:
 
@@ -30,6 +33,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 CPU_MEMORY_DEVICES = ("CPU", "MKLDNN", "IDEEP")  # the device types torch's profiler counts as host memory
+CPU_CLOCKS = {"wall": time.perf_counter, "process": time.process_time}
 
 
 @dataclass(frozen=True)
@@ -62,12 +66,18 @@ class MemoryPeak:
 class Device:
     """One torch device and how to time and weigh a call on it."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, clock: str = "wall"):
         if name not in ("cpu", "cuda", "npu"):
             raise ValueError(f"argument '--device': expected cpu, cuda or npu, got {name!r}")
+        if clock not in CPU_CLOCKS or (clock != "wall" and name != "cpu"):
+            raise ValueError(f"argument '--clock': expected wall, or process with --device cpu, got {clock!r} "
+                             f"with --device {name}")
         self.name = name
         self.backend = None if name == "cpu" else _accelerator_module(name)
-        self.timer = "wall clock (CPU ops are synchronous)" if name == "cpu" else \
+        self.clock = CPU_CLOCKS[clock]
+        self.timer = {"wall": "wall clock (time.perf_counter; CPU ops are synchronous)",
+                      "process": "process CPU time (time.process_time: all threads, descheduled time excluded)",
+                      }[clock] if name == "cpu" else \
             f"torch.{name}.Event pairs on the current stream, read after the end event completes"
         self.memory_method = (
             "torch.profiler allocation events (profile_memory=True): peak of live tensor bytes "
@@ -86,9 +96,9 @@ class Device:
     def time_once(self, fn) -> float:
         """Seconds from before ``fn`` starts to after all of its device work has completed."""
         if self.backend is None:
-            start = time.perf_counter()
+            start = self.clock()
             fn()
-            return time.perf_counter() - start
+            return self.clock() - start
         self.backend.synchronize()  # nothing queued earlier may land inside the bracket
         start, end = self.backend.Event(enable_timing=True), self.backend.Event(enable_timing=True)
         start.record()

@@ -36,7 +36,8 @@ def series_table(series: Series, param: str, settings: Settings, overhead_factor
     lines = [f"== {series.candidate.label} | mask {series.mask.label} | fixed: {fixed} | "
              f"{series.candidate.describe_schedule()}",
              f"   per-call floor {_ms(series.floor)} ms (1-token call); points under {overhead_factor:g}x it "
-             f"are flagged 'ovh' and not fitted"]
+             f"are flagged 'ovh' and not fitted" if not math.isnan(series.floor) else
+             "   per-call floor not measured: the 1-token call is unsupported"]
     header = (f"{param:>7} {'pairs':>12} {'tiles (full/part)':>19} {'time ms':>10} {'IQR ms':>19} {'local':>6} "
               f"{'flag':>4} {'peak alloc':>11} {'reserved':>10}  backend  [fixed]")
     lines.append(header)

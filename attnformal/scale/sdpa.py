@@ -5,13 +5,15 @@ coincide) go through ``is_causal``, which its fused kernels use to skip masked b
 other index mask (windows, ``kv_lens``, bottom-right with ``Sq != Sk``) has no SDPA flag, so
 it is passed as the spec's own dense ``allowed()`` mask -- an ``Sq x Sk`` tensor that SDPA
 reads in full: a sweep shows that cost as it is. ``backend`` pins one SDPA backend with
-``torch.nn.attention.sdpa_kernel`` (``None`` lets torch choose). Softcap, dropout and the
-log-sum-exp are not offered by SDPA and raise ``NotImplementedError``.
+``torch.nn.attention.sdpa_kernel`` (``None`` lets torch choose); a pinned backend that
+cannot run the call raises ``NotImplementedError`` carrying torch's reasons. Softcap,
+dropout and the log-sum-exp are not offered by SDPA and raise ``NotImplementedError``.
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +21,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnformal.spec import AttentionSpec
 
+NO_BACKEND_ERRORS = ("No viable backend", "No available kernel")  # torch's words for "none eligible"
 BACKENDS = {
     "flash": SDPBackend.FLASH_ATTENTION,
     "efficient": SDPBackend.EFFICIENT_ATTENTION,
@@ -47,8 +50,15 @@ def attention(q, k, v, *, scale=None, causal=None, window=None, attn_mask=None, 
         return call()
     if backend not in BACKENDS:
         raise ValueError(f"argument 'backend': expected None or one of {sorted(BACKENDS)}, got {backend!r}")
-    with sdpa_kernel([BACKENDS[backend]]):
-        return call()
+    with warnings.catch_warnings(record=True) as reasons, sdpa_kernel([BACKENDS[backend]]):
+        warnings.simplefilter("always")  # torch explains a refused backend in warnings
+        try:
+            return call()
+        except RuntimeError as err:
+            if not any(text in str(err) for text in NO_BACKEND_ERRORS):
+                raise
+            why = "; ".join(str(w.message) for w in reasons) or str(err)
+            raise NotImplementedError(f"SDPA backend {backend!r} cannot run this call: {why}") from None
 
 
 def pinned(backend: str):

@@ -1,5 +1,7 @@
 """Timing, peak memory, backend detection, interleaving, and the SDPA adapter -- on CPU."""
 
+import time
+
 import pytest
 import torch
 
@@ -48,9 +50,17 @@ def test_the_backend_that_ran_is_read_from_the_profiler():
     assert tiled.schedule == TileSchedule(32, 32)  # the project's kernel gets the schedule we predict from
 
 
+def test_the_process_clock_does_not_count_time_spent_descheduled():
+    wall, process = Device("cpu", "wall"), Device("cpu", "process")
+    assert wall.time_once(lambda: time.sleep(0.05)) >= 0.05
+    assert process.time_once(lambda: time.sleep(0.05)) < 0.01  # asleep: no CPU time used
+
+
 def test_devices_that_are_not_there_are_refused_clearly():
     with pytest.raises(ValueError, match="argument '--device': expected cpu, cuda or npu"):
         Device("gpu")
+    with pytest.raises(ValueError, match="argument '--clock'"):
+        Device("cuda", "process")
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="argument '--device': cuda is not available"):
             Device("cuda")
@@ -105,3 +115,9 @@ def test_sdpa_adapter_refuses_what_sdpa_cannot_do():
     for kwargs in ({"softcap": 5.0}, {"return_lse": True}, {"dropout_p": 0.1}):
         with pytest.raises(NotImplementedError):
             sdpa.attention(q, q, q, **kwargs)
+
+
+def test_a_pinned_backend_that_cannot_run_is_unsupported_not_a_crash():
+    q = torch.randn(1, 1, 8, 8)  # torch has no memory-efficient SDPA kernel for CPU tensors
+    with pytest.raises(NotImplementedError, match="SDPA backend 'efficient' cannot run this call"):
+        sdpa.pinned("efficient")(q, q, q)

@@ -2,7 +2,10 @@
 
 Time is compared with three work models (:data:`attnformal.scale.work.MODELS`), each
 fitted over exactly the points the measured exponent was fitted over, so a clipped window
-or ragged tiles predict what they really cost in that range. Memory is compared with the
+or ragged tiles predict what they really cost in that range. When the exponent falls short
+of the schedule's, a cost model says why: least squares of ``time = c + a * full tiles +
+b * partial tiles`` prices a masked tile against a full one (the diagonal of a causal mask
+is linear in N, so a costly masked tile pulls the exponent under 2). Memory is compared with the
 state the spec makes live (outputs and lse; gradients with ``--backward``) and with one
 ``Sq x Sk`` buffer -- the difference between a tiled kernel and a dense one.
 """
@@ -11,6 +14,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from attnformal.scale.fit import (OVERHEAD_FACTOR, ExponentFit, FitRefused, fit_exponent, flag_overhead,
                                   least_squares, local_exponents)
@@ -39,6 +44,34 @@ class Analysis:
     memory_refused: str | None = None
     memory_predicted: dict[str, float] = field(default_factory=dict)
     memory_verdict: str = ""
+    costs: TileCosts | None = None
+
+
+@dataclass(frozen=True)
+class TileCosts:
+    """Seconds per call, per full tile and per partial (masked) tile, by least squares."""
+
+    per_call: float
+    per_tile: float  # per full tile; per visited tile when ``per_partial`` is None
+    per_partial: float | None  # None: no partial tiles, or they grow in step with the full ones
+
+
+def tile_costs(full, partial, times) -> TileCosts | None:
+    """Fit ``time = c + a * full + b * partial`` in relative error (every point weighs alike).
+
+    None when fewer than two points per unknown remain or a cost comes out negative
+    (the counts do not explain the times over this range).
+    """
+    t = np.asarray(times, float)
+    ones, full, partial = np.ones_like(t), np.asarray(full, float), np.asarray(partial, float)
+    separable = np.linalg.matrix_rank(np.stack([ones, full, partial], 1)) == 3
+    design = np.stack([ones, full, partial] if separable else [ones, full + partial], 1)
+    if len(t) < 2 * design.shape[1]:
+        return None
+    cost, *_ = np.linalg.lstsq(design / t[:, None], ones, rcond=None)
+    if (cost < 0).any():
+        return None
+    return TileCosts(float(cost[0]), float(cost[1]), float(cost[2]) if separable else None)
 
 
 def analyse(series: Series, backward: bool, tolerance: float = TOLERANCE,
@@ -60,6 +93,9 @@ def analyse(series: Series, backward: bool, tolerance: float = TOLERANCE,
         used = [points[i] for i in result.time.used]
         result.predicted = {m: _exponent([p.x for p in used], [p.work.flops(m) for p in used]) for m in MODELS}
         result.verdict = time_verdict(result.time, result.predicted, tolerance)
+    unflagged = [p for p in points if p.x not in result.flagged]
+    result.costs = tile_costs([p.work.tiles_full for p in unflagged], [p.work.tiles_partial for p in unflagged],
+                              [p.samples.median for p in unflagged])
     try:
         result.memory = fit_exponent(xs, [p.memory.allocated for p in points], floor=series.floor_memory,
                                      overhead_factor=overhead_factor, what="memory")

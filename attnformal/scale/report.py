@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from dataclasses import asdict
 
 from attnformal.scale.analysis import MEMORY_MODELS, Analysis
 from attnformal.scale.fit import ExponentFit
@@ -54,6 +55,7 @@ def series_table(series: Series, param: str, settings: Settings, overhead_factor
             f"{_bytes(p.memory.allocated):>11} {_bytes(p.memory.reserved):>10}  {p.backend}  "
             f"[{p.problem.describe(param)}]")
     lines += fit_lines("time", analysis.time, analysis.time_refused, analysis.predicted, analysis.verdict, param)
+    lines.append(f"   cost model over the unflagged points: {cost_text(analysis.costs, series)}")
     lines += fit_lines("memory", analysis.memory, analysis.memory_refused, analysis.memory_predicted,
                        analysis.memory_verdict, param)
     return "\n".join(lines)
@@ -71,6 +73,18 @@ def fit_lines(what, fit: ExponentFit | None, refused, predicted, verdict, param)
     lines.append(f"   {predictions if predicted else ''}{verdict}")
     lines += [f"   note: {note}" for note in fit.notes]
     return lines
+
+
+def cost_text(costs, series: Series) -> str:
+    if costs is None:
+        return "not determined (too few points, or a negative cost: tile counts do not explain the times)"
+    text = f"{_ms(costs.per_call)} ms per call + {_ms(costs.per_tile)} ms per "
+    if costs.per_partial is not None:
+        return (text + f"full tile + {_ms(costs.per_partial)} ms per partial tile (a masked tile costs "
+                f"{costs.per_partial / costs.per_tile:.2g}x a full one)")
+    if all(p.work.tiles_partial == 0 for p in series.points):
+        return text + "tile (all tiles full)"
+    return text + "visited tile (partial tiles grow in step with full ones: not separable)"
 
 
 def ratio_table(run: MaskRun, param: str) -> str:
@@ -110,6 +124,7 @@ def to_json(runs: list[MaskRun], meta: dict) -> dict:
                 "impl": s.candidate.label, "mask": s.mask.label, "schedule": s.candidate.describe_schedule(),
                 "floor_seconds": _finite(s.floor), "floor_memory_bytes": s.floor_memory,
                 "time_fit": fit_json(a.time, a.time_refused, a.predicted, a.verdict),
+                "tile_costs_seconds": None if a.costs is None else asdict(a.costs),
                 "memory_fit": fit_json(a.memory, a.memory_refused, a.memory_predicted, a.memory_verdict),
                 "points": [_point_json(p) for p in s.points],
             })

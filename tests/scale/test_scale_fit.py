@@ -96,3 +96,18 @@ def test_refuses_a_narrow_span_and_non_positive_values():
         fit_exponent(XS[:4], [1.0, 2.0, 0.0, 4.0])
     with pytest.raises(ValueError, match="xs must increase"):
         fit_exponent([4, 3, 2, 1], [1, 2, 3, 4])
+
+
+def test_tile_cost_model_recovers_known_costs_and_declines_when_it_cannot():
+    from attnformal.scale.analysis import tile_costs
+
+    full = [12, 30, 56, 110, 240, 506]  # causal: full tiles grow ~N^2, partial ones ~N
+    partial = [8, 12, 16, 22, 32, 46]
+    times = [4e-4 + 1.6e-4 * f + 5.7e-4 * p for f, p in zip(full, partial)]
+    costs = tile_costs(full, partial, times)
+    assert (costs.per_call, costs.per_tile, costs.per_partial) == pytest.approx((4e-4, 1.6e-4, 5.7e-4), rel=1e-6)
+    # partial tiles in step with full ones (a fixed window): only a cost per visited tile
+    window = tile_costs([6, 10, 14, 20], [12, 20, 28, 40], [1e-3 + 2e-4 * 3 * f for f in (6, 10, 14, 20)])
+    assert window.per_partial is None and window.per_tile == pytest.approx(2e-4, rel=1e-6)
+    # negative control: times that fall as the tiles grow are not explained by them
+    assert tile_costs(full, partial, times[::-1]) is None

@@ -79,11 +79,19 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    threads = torch.get_num_threads()
     try:
-        config = configure(args)
-    except ValueError as err:
-        parser.error(str(err))
-    candidates, masks, base, sweep, settings = config
+        try:
+            config = configure(args)
+        except ValueError as err:
+            parser.error(str(err))
+        return run(argv, args, *config)
+    finally:
+        torch.set_num_threads(threads)  # a caller in the same process (a test session) keeps its own
+
+
+def run(argv, args, candidates, masks, base, sweep, settings) -> int:
+    """Measure, print the tables, write JSON, CSV and PNG; 1 if a time fit was refused."""
     runs = run_sweep(candidates, masks, base, sweep, settings)
     refused = False
     for run in runs:

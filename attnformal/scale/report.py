@@ -66,9 +66,9 @@ def fit_lines(what, fit: ExponentFit | None, refused, predicted, verdict, param)
         return [f"   {what} exponent: fit refused -- {refused}"]
     lo, hi = (int(x) for x in fit.x_range())
     ci = f", 95% bootstrap [{fit.bootstrap_ci[0]:.2f}, {fit.bootstrap_ci[1]:.2f}]" if fit.bootstrap_ci else ""
-    stable = "local exponent stable" if fit.stable else "local exponent NOT stable"
-    lines = [f"   {what} exponent {fit.slope:.2f} +/- {fit.stderr:.2f} (SE){ci}; valid over {param}={lo}..{hi} "
-             f"({len(fit.used)} points, {stable})"]
+    where = "valid over" if fit.stable else "fitted over (no range with a stable local exponent)"
+    lines = [f"   {what} exponent {fit.slope:.2f} +/- {fit.stderr:.2f} (SE){ci}; {where} {param}={lo}..{hi} "
+             f"({len(fit.used)} points)"]
     predictions = "predicted: " + " | ".join(f"{m} {v:.2f}" for m, v in predicted.items()) + "  ->  "
     lines.append(f"   {predictions if predicted else ''}{verdict}")
     lines += [f"   note: {note}" for note in fit.notes]

@@ -4,6 +4,7 @@ import csv
 import json
 
 import pytest
+import torch
 
 from attnformal.scale.cli import main
 
@@ -12,11 +13,13 @@ TINY = ["--sweep", "N=32..256", "--per-octave", "1", "--block-m", "32", "--block
 
 
 def test_a_vs_sweep_writes_table_json_csv_and_plot(tmp_path, capsys):
+    threads = torch.get_num_threads()
     # --overhead-factor 0 flags nothing, so four points always give a fit: the run is deterministic
     code = main(["--impl", "tiled", "--vs", "sdpa", "--mask", "dense", "window:N/4", *TINY,
                  "--overhead-factor", "0", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 0, out
+    assert torch.get_num_threads() == threads  # the sweep's --threads 1 does not leak into the caller
     assert "== tiled | mask dense | fixed: B=1 H=2/2 D=8 float32 cpu forward" in out
     assert "== ratio tiled / sdpa | mask window:N/4" in out
     record = json.loads((tmp_path / "sweep.json").read_text())

@@ -121,3 +121,64 @@ def test_a_pinned_backend_that_cannot_run_is_unsupported_not_a_crash():
     q = torch.randn(1, 1, 8, 8)  # torch has no memory-efficient SDPA kernel for CPU tensors
     with pytest.raises(NotImplementedError, match="SDPA backend 'efficient' cannot run this call"):
         sdpa.pinned("efficient")(q, q, q)
+
+
+class FakeAccelerator:
+    """The slice of ``torch.cuda`` / ``torch.npu`` the harness uses, recording the calls it gets."""
+
+    def __init__(self):
+        self.log = []
+        self.allocated, self.peak = 100, 100
+
+    def synchronize(self):
+        self.log.append("synchronize")
+
+    def Event(self, enable_timing):  # noqa: N802  (the torch spelling)
+        accelerator = self
+
+        class Event:
+            def record(self):
+                accelerator.log.append("record")
+                self.at = len(accelerator.log)
+
+            def synchronize(self):
+                accelerator.log.append("event-synchronize")
+
+            def elapsed_time(self, end):
+                return 250.0  # milliseconds, as torch reports them
+
+        assert enable_timing
+        return Event()
+
+    def empty_cache(self):
+        self.log.append("empty_cache")
+
+    def reset_peak_memory_stats(self):
+        self.peak = self.allocated
+
+    def memory_allocated(self):
+        return self.allocated
+
+    def memory_reserved(self):
+        return 2 * self.allocated
+
+    def max_memory_allocated(self):
+        return self.peak
+
+    def max_memory_reserved(self):
+        return 2 * self.peak
+
+
+def test_accelerator_timing_is_event_bracketed_and_memory_is_reset_per_call():
+    device = Device("cpu")
+    device.backend = fake = FakeAccelerator()  # the CUDA/NPU code path, without the hardware
+
+    def kernel():
+        fake.log.append("kernel")
+        fake.peak = fake.allocated + 4096  # the call's transient peak
+
+    assert device.time_once(kernel) == 0.25  # read from the events, converted to seconds
+    assert fake.log == ["synchronize", "record", "kernel", "record", "event-synchronize"]
+    fake.peak = 10 ** 9  # a peak left over from an earlier point must not leak into this one
+    peak = device.peak_memory(kernel)
+    assert (peak.allocated, peak.reserved) == (4096, 8192)

@@ -55,6 +55,11 @@ class TileCosts:
     per_tile: float  # per full tile; per visited tile when ``per_partial`` is None
     per_partial: float | None  # None: no partial tiles, or they grow in step with the full ones
 
+    def predict(self, full: int, partial: int) -> float:
+        if self.per_partial is None:
+            return self.per_call + self.per_tile * (full + partial)
+        return self.per_call + self.per_tile * full + self.per_partial * partial
+
 
 def tile_costs(full, partial, times) -> TileCosts | None:
     """Fit ``time = c + a * full + b * partial`` in relative error (every point weighs alike).
@@ -89,13 +94,15 @@ def analyse(series: Series, backward: bool, tolerance: float = TOLERANCE,
                                    overhead_factor=overhead_factor, seed=seed, what="time")
     except FitRefused as err:
         result.time_refused = str(err)
-    else:
-        used = [points[i] for i in result.time.used]
-        result.predicted = {m: _exponent([p.x for p in used], [p.work.flops(m) for p in used]) for m in MODELS}
-        result.verdict = time_verdict(result.time, result.predicted, tolerance)
     unflagged = [p for p in points if p.x not in result.flagged]
     result.costs = tile_costs([p.work.tiles_full for p in unflagged], [p.work.tiles_partial for p in unflagged],
                               [p.samples.median for p in unflagged])
+    if result.time is not None:
+        used = [points[i] for i in result.time.used]
+        result.predicted = {m: _exponent([p.x for p in used], [p.work.flops(m) for p in used]) for m in MODELS}
+        costed = None if result.costs is None else _exponent([p.x for p in used], [
+            result.costs.predict(p.work.tiles_full, p.work.tiles_partial) for p in used])
+        result.verdict = time_verdict(result.time, result.predicted, tolerance, costed)
     try:
         result.memory = fit_exponent(xs, [p.memory.allocated for p in points], floor=series.floor_memory,
                                      overhead_factor=overhead_factor, what="memory")
@@ -163,13 +170,20 @@ def _matches(fit: ExponentFit, predicted: dict[str, float], tolerance: float) ->
     return [m for m, p in predicted.items() if abs(fit.slope - p) <= allowance]
 
 
-def time_verdict(fit: ExponentFit, predicted: dict[str, float], tolerance: float) -> str:
+def time_verdict(fit: ExponentFit, predicted: dict[str, float], tolerance: float,
+                 costed: float | None = None) -> str:
+    """How the measured exponent relates to the work models; ``costed`` is the exponent of the
+    fitted tile-cost model over the same range (an explanation fitted to these times, not a
+    prediction)."""
     matches = _matches(fit, predicted, tolerance)
     if "schedule" in matches:
         return f"consistent with the schedule's visited tiles (predicted {predicted['schedule']:.2f})"
     if matches:
         alternatives = "; ".join(f"{m} {predicted[m]:.2f}: {MODELS[m]}" for m in matches)
         return f"NOT the schedule's {predicted['schedule']:.2f}; matches {alternatives}"
+    if costed is not None and _matches(fit, {"costed": costed}, tolerance):
+        return (f"below the schedule's {predicted['schedule']:.2f}, explained by its tile counts once a "
+                f"per-call cost and a dearer masked tile are priced (cost model exponent {costed:.2f})")
     return (f"matches no work model (schedule {predicted['schedule']:.2f}): the time is not set by the "
             f"work here -- look at the local exponents (overhead, caches, parallelism)")
 

@@ -64,14 +64,14 @@ class TileCosts:
 def tile_costs(full, partial, times) -> TileCosts | None:
     """Fit ``time = c + a * full + b * partial`` in relative error (every point weighs alike).
 
-    None when fewer than two points per unknown remain or a cost comes out negative
-    (the counts do not explain the times over this range).
+    None when fewer than two points per unknown remain, the tile counts do not vary (a head
+    dim sweep), or a cost comes out negative (the counts do not explain the times).
     """
     t = np.asarray(times, float)
     ones, full, partial = np.ones_like(t), np.asarray(full, float), np.asarray(partial, float)
     separable = np.linalg.matrix_rank(np.stack([ones, full, partial], 1)) == 3
     design = np.stack([ones, full, partial] if separable else [ones, full + partial], 1)
-    if len(t) < 2 * design.shape[1]:
+    if len(t) < 2 * design.shape[1] or np.linalg.matrix_rank(design) < design.shape[1]:
         return None
     cost, *_ = np.linalg.lstsq(design / t[:, None], ones, rcond=None)
     if (cost < 0).any():

@@ -77,7 +77,7 @@ def fit_lines(what, fit: ExponentFit | None, refused, predicted, verdict, param)
 
 def cost_text(costs, series: Series) -> str:
     if costs is None:
-        return "not determined (too few points, or a negative cost: tile counts do not explain the times)"
+        return "not determined (too few points, tile counts that do not vary, or a negative cost)"
     text = f"{_ms(costs.per_call)} ms per call + {_ms(costs.per_tile)} ms per "
     if costs.per_partial is not None:
         return (text + f"full tile + {_ms(costs.per_partial)} ms per partial tile (a masked tile costs "

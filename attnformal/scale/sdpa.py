@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import warnings
 
-import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 

@@ -111,3 +111,5 @@ def test_tile_cost_model_recovers_known_costs_and_declines_when_it_cannot():
     assert window.per_partial is None and window.per_tile == pytest.approx(2e-4, rel=1e-6)
     # negative control: times that fall as the tiles grow are not explained by them
     assert tile_costs(full, partial, times[::-1]) is None
+    # tile counts that do not move (a head-dim sweep) cannot price a tile
+    assert tile_costs([8] * 5, [4] * 5, [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2]) is None

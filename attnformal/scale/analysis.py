@@ -2,10 +2,11 @@
 
 Time is compared with three work models (:data:`attnformal.scale.work.MODELS`), each
 fitted over exactly the points the measured exponent was fitted over, so a clipped window
-or ragged tiles predict what they really cost in that range. When the exponent falls short
-of the schedule's, a cost model says why: least squares of ``time = c + a * full tiles +
-b * partial tiles`` prices a masked tile against a full one (the diagonal of a causal mask
-is linear in N, so a costly masked tile pulls the exponent under 2). Memory is compared with the
+or ragged tiles predict what they really cost in that range. When the exponent is off the
+schedule's, a cost model says whether the tile counts still explain it: least squares of
+``time = c + a * full tiles + b * partial tiles`` prices a call and a masked tile against a
+full one (the diagonal of a causal mask is linear in N, so a costly masked tile or a large
+per-call cost pulls the exponent under 2). Memory is compared with the
 state the spec makes live (outputs and lse; gradients with ``--backward``) and with one
 ``Sq x Sk`` buffer -- the difference between a tiled kernel and a dense one.
 """
@@ -182,8 +183,8 @@ def time_verdict(fit: ExponentFit, predicted: dict[str, float], tolerance: float
         alternatives = "; ".join(f"{m} {predicted[m]:.2f}: {MODELS[m]}" for m in matches)
         return f"NOT the schedule's {predicted['schedule']:.2f}; matches {alternatives}"
     if costed is not None and _matches(fit, {"costed": costed}, tolerance):
-        return (f"below the schedule's {predicted['schedule']:.2f}, explained by its tile counts once a "
-                f"per-call cost and a dearer masked tile are priced (cost model exponent {costed:.2f})")
+        return (f"off the schedule's {predicted['schedule']:.2f}, but its tile counts explain the times once "
+                f"a per-call, per-full-tile and per-masked-tile cost are fitted (cost model exponent {costed:.2f})")
     return (f"matches no work model (schedule {predicted['schedule']:.2f}): the time is not set by the "
             f"work here -- look at the local exponents (overhead, caches, parallelism)")
 

@@ -159,6 +159,8 @@ def _metadata(argv, args, base: Problem, param: str, settings: Settings) -> dict
     if device.backend is not None:
         hardware = device.backend.get_device_name()
     fixed = f"{base.describe(param)} {settings.describe()} threads={torch.get_num_threads()}"
+    if device.name == "cpu":
+        fixed += f" clock={args.clock}"
     return {
         "command": "python -m attnformal.scale " + shlex.join(argv),
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

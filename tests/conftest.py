@@ -28,9 +28,9 @@ def make_problem(*, seed, batch=2, heads_q=4, heads_kv=2, len_q=37, len_k=53, he
             draw(batch, heads_kv, len_k, head_dim_v), draw(batch, heads_q, len_q, head_dim_v))
 
 
-def assert_matches(name, got, ref, dtype):
+def assert_matches(name, got, ref, dtype, tolerances=TOLERANCES):
     """``|got - ref| <= atol + rtol |ref|`` element-wise, with a message that says where it is not."""
-    rtol, atol_fraction = TOLERANCES[dtype]
+    rtol, atol_fraction = tolerances[dtype]
     got, ref = got.double(), ref.double()
     assert got.shape == ref.shape, f"{name}: shape {tuple(got.shape)} != reference {tuple(ref.shape)}"
     same_inf = (got == ref) & torch.isinf(ref)

@@ -16,16 +16,12 @@ are 16/32 wide: many tiles, ragged edges everywhere.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
-# Triton picks the interpreter when a kernel is decorated, i.e. when the module is imported.
-os.environ["TRITON_INTERPRET"] = "1"
-
-import numpy  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import numpy
+import pytest
+import torch
 
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")

@@ -231,6 +231,7 @@ def _rows(bk, spec: AttentionSpec, q, k, v, grad_out, allowed, keep, kappa) -> d
     out = bk.matmul(kept, v)
     if kappa is not None:
         out = bk.mul(out, kappa)
+    out = bk.where(nonempty, out)  # the empty-row rule, exactly (radius 0 too)
     part = {"out": out, "lse": _lse(bk, shift, l, nonempty)}
     if grad_out is None:
         return part
@@ -242,7 +243,7 @@ def _rows(bk, spec: AttentionSpec, q, k, v, grad_out, allowed, keep, kappa) -> d
     if t is not None:
         ds = bk.mul(ds, bk.rsub_exact(1.0, bk.mul(t, t)))  # d softcap / d s = 1 - tanh^2
     dv = bk.matmul(bk.transpose(kept), grad_out)
-    part["dq"] = bk.mul_exact(bk.matmul(ds, k), spec.scale)
+    part["dq"] = bk.where(nonempty, bk.mul_exact(bk.matmul(ds, k), spec.scale))
     part["dk"] = bk.mul_exact(bk.matmul(bk.transpose(ds), q), spec.scale)
     part["dv"] = dv if kappa is None else bk.mul(dv, kappa)
     return part

@@ -183,7 +183,7 @@ class OutOfRange(ArithmeticError):
 # ---------------------------------------------------------------- exp and tanh
 
 # Cody-Waite split of ln 2 (fdlibm's): LN2_HI has 32 significant bits, so k * LN2_HI is
-# exact for |k| < 2^21, and |ln 2 - LN2_HI - LN2_LO| < 2^-90 (tests check both with Arb).
+# exact for |k| < 2^21, and |ln 2 - LN2_HI - LN2_LO| < 2^-86 (tests check both with Arb).
 LN2_HI = 6.93147180369123816490e-01
 LN2_LO = 1.90821492927058770002e-10
 INV_LN2 = 1.4426950408889634  # 1/ln 2, rounded; only used to pick k
@@ -202,7 +202,7 @@ def exp64(x: torch.Tensor) -> torch.Tensor:
 
     Proof. ``k = round(x / ln 2)``, so ``|x - k ln 2| <= (1/2 + 2^-40) ln 2 < rho = 0.3467``;
     ``|k| <= 1023``. ``k LN2_HI`` is exact; ``r1 = fl(x - k LN2_HI)`` and ``r = fl(r1 - fl(k LN2_LO))``
-    give ``r = x - k ln 2 + e_r`` with ``|e_r| <= u|r1| + u|k LN2_LO| + u|r| + |k| 2^-90 < 0.71 u``.
+    give ``r = x - k ln 2 + e_r`` with ``|e_r| <= u|r1| + u|k LN2_LO| + u|r| + |k| 2^-86 < 0.71 u``.
     ``p(r) = sum_{i<=13} c_i r^i`` by Horner (two roundings a step): with ``Y_i`` the exact tails,
     the computed value differs from ``p(r)`` by at most ``u sum_i rho^i (Y_i + rho Y_{i+1})
     <= u (e^rho (1 + rho) + rho e^rho) < 2.40 u`` (absolute); rounding the coefficients costs

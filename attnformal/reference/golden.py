@@ -180,8 +180,15 @@ def _describe(a: np.ndarray) -> dict:
 # ---------------------------------------------------------------- loading
 
 
-def load(path) -> Golden:
-    """Read and validate a golden file; any problem raises one :class:`GoldenError`."""
+def load(path, *, verify: bool = True) -> Golden:
+    """Read and validate a golden file; any problem raises one :class:`GoldenError`.
+
+    Validation: format and version, every listed array present with its shape, dtype and
+    SHA-256, inputs that form a valid case whose spec equals the stored one, reference
+    shapes and radii; with ``verify`` also a recomputation of out, lse and dQ for two
+    (batch, head) pairs, whose certified balls must overlap the stored ones (this catches a
+    reference that does not belong to the stored spec and inputs).
+    """
     path = Path(path)
     if not path.is_file():
         raise GoldenError(path, "no such file")
@@ -199,6 +206,8 @@ def load(path) -> Golden:
     reference = {name: (torch.from_numpy(arrays[name]), torch.from_numpy(arrays[f"{name}_radius"]))
                  for name in FIELDS}
     _check_reference(path, spec, reference)
+    if verify:
+        _verify_sample(path, spec, inputs, reference)
     return Golden(path=path, meta=meta, spec=spec, inputs=inputs, reference=reference)
 
 
@@ -279,3 +288,29 @@ def _check_reference(path, spec: AttentionSpec, reference: dict) -> None:
         ok_value = torch.isfinite(value) | ((value == -math.inf) & (radius == 0) if name == "lse" else False)
         if not bool(ok_value.all()) or not bool(((radius >= 0) & torch.isfinite(radius)).all()):
             raise GoldenError(path, f"reference {name!r} holds a non-finite value or an invalid radius")
+
+
+def _verify_sample(path, spec: AttentionSpec, inputs: dict, reference: dict) -> None:
+    heads = spec.kv_heads()
+    for b, h in sorted({(0, 0), (spec.batch - 1, spec.heads_q - 1)}):
+        if b < 0 or h < 0:
+            continue
+        g = int(heads[h])
+        kwargs = protocol_kwargs(spec)
+        kwargs["kv_lens"] = None if spec.kv_lens is None else [spec.kv_lens[b]]
+        for name in ("attn_mask", "dropout_mask"):
+            if kwargs[name] is not None:
+                kwargs[name] = kwargs[name][b:b + 1, h:h + 1]
+        x = {name: inputs[name][b:b + 1, hh:hh + 1]
+             for name, hh in (("q", h), ("k", g), ("v", g), ("grad_out", h))}
+        fresh = certified_attention(x["q"], x["k"], x["v"], x["grad_out"], **kwargs)
+        for name in ("out", "lse", "dq"):
+            stored, radius = (t[b:b + 1, h:h + 1] for t in reference[name])
+            value, fresh_radius = getattr(fresh, name), getattr(fresh, f"{name}_radius")
+            apart = (stored - value).abs().nan_to_num(nan=0.0) > (radius + fresh_radius) * (1 + 2**-40)
+            if bool(apart.any()):
+                i = tuple(int(n) for n in apart.nonzero()[0])
+                raise GoldenError(path, f"the stored {name} does not match the stored spec and inputs at "
+                                        f"batch {b}, head {h}, index {i[2:]}: stored {float(stored[i]):.17g} "
+                                        f"+- {float(radius[i]):.3g}, recomputed {float(value[i]):.17g} "
+                                        f"+- {float(fresh_radius[i]):.3g}")

@@ -190,7 +190,7 @@ def _run(bk, spec: AttentionSpec, x: dict, progress, prec) -> CertifiedResult:
         kappa = bk.const(1 / (1 - arb(spec.dropout_p))) if spec.dropout_mask is not None else None
         heads = spec.kv_heads()
         k, v = x["k"][:, heads], x["v"][:, heads]  # GQA: repeat K and V per query head
-        allowed = spec.allowed()
+        allowed = spec.allowed("cpu")
         keep = spec.dropout_mask.cpu() if spec.dropout_mask is not None else None
         grad_out = x.get("grad_out")
         budget = FP64_CHUNK_ELEMENTS if bk is fp64_balls else ARB_CHUNK_ELEMENTS

@@ -63,12 +63,14 @@ def mp_attention(q, k, v, grad_out=None, *, dps: int = DEFAULT_DPS, **protocol) 
 
 
 class _Computation:
+    """Nested Python lists of mpf (faster than object arrays); sums are ``mpmath.fdot``."""
+
     def __init__(self, spec: AttentionSpec, x: dict):
         self.spec = spec
-        self.q, self.k, self.v = (_mpf_array(x[name]) for name in ("q", "k", "v"))
-        self.grad_out = _mpf_array(x["grad_out"]) if "grad_out" in x else None
-        self.allowed = spec.allowed().numpy()
-        self.keep = spec.dropout_mask.cpu().numpy() if spec.dropout_mask is not None else None
+        self.q, self.k, self.v = (_mpf_lists(x[name]) for name in ("q", "k", "v"))
+        self.grad_out = _mpf_lists(x["grad_out"]) if "grad_out" in x else None
+        self.allowed = spec.allowed("cpu").tolist()
+        self.keep = spec.dropout_mask.cpu().tolist() if spec.dropout_mask is not None else None
         self.heads = spec.kv_heads().tolist()
         self.scale = mpmath.mpf(spec.scale)
         self.cap = None if spec.softcap is None else mpmath.mpf(spec.softcap)
@@ -76,43 +78,56 @@ class _Computation:
 
     def run(self, dps: int) -> MpResult:
         sp = self.spec
-        zeros = np.vectorize(lambda _: mpmath.mpf(0), otypes=[object])
-        out = zeros(np.empty((sp.batch, sp.heads_q, sp.len_q, sp.head_dim_v)))
-        lse = np.full((sp.batch, sp.heads_q, sp.len_q), mpmath.mpf("-inf"), dtype=object)
+        zero = mpmath.mpf(0)
+        shapes = {"out": (sp.batch, sp.heads_q, sp.len_q, sp.head_dim_v), "lse": (sp.batch, sp.heads_q, sp.len_q),
+                  "dq": (sp.batch, sp.heads_q, sp.len_q, sp.head_dim),
+                  "dk": (sp.batch, sp.heads_kv, sp.len_k, sp.head_dim),
+                  "dv": (sp.batch, sp.heads_kv, sp.len_k, sp.head_dim_v)}
+        out, lse = _filled(shapes["out"], zero), _filled(shapes["lse"], mpmath.mpf("-inf"))
         grads = None
         if self.grad_out is not None:
-            grads = {"dq": zeros(np.empty(self.q.shape)), "dk": zeros(np.empty(self.k.shape)),
-                     "dv": zeros(np.empty(self.v.shape))}
+            grads = {name: _filled(shapes[name], zero) for name in ("dq", "dk", "dv")}
         for b in range(sp.batch):
+            # per key: the (coefficient, row vector) terms of its dK and dV, summed once all rows are done
+            dk_terms = [[[] for _ in range(sp.len_k)] for _ in range(sp.heads_kv)]
+            dv_terms = [[[] for _ in range(sp.len_k)] for _ in range(sp.heads_kv)]
             for h in range(sp.heads_q):
                 for i in range(sp.len_q):
-                    self._row(b, h, i, out, lse, grads)
-        return MpResult(dps=dps, out=out, lse=lse, **(grads or {}))
+                    self._row(b, h, i, out, lse, grads, dk_terms, dv_terms)
+            if grads is not None:
+                for g in range(sp.heads_kv):
+                    for j in range(sp.len_k):
+                        grads["dk"][b][g][j] = _combine(dk_terms[g][j], sp.head_dim, self.scale)
+                        grads["dv"][b][g][j] = _combine(dv_terms[g][j], sp.head_dim_v, 1)
+        values = {"out": out, "lse": lse, **(grads or {})}
+        return MpResult(dps=dps, **{name: _array(value, shapes[name]) for name, value in values.items()})
 
-    def _row(self, b, h, i, out, lse, grads):
+    def _row(self, b, h, i, out, lse, grads, dk_terms, dv_terms):
         g = self.heads[h]
-        keys = [j for j in range(self.spec.len_k) if self.allowed[b, h, i, j]]
+        keys = [j for j, ok in enumerate(self.allowed[b][h][i]) if ok]
         if not keys:
             return  # empty row: out 0, lse -inf, no gradient
-        qi, k, v = self.q[b, h, i], self.k[b, g], self.v[b, g]
-        raw = {j: self.scale * mpmath.fdot(qi, k[j]) for j in keys}
-        s = {j: self._softcap(raw[j]) for j in keys}
-        top = max(s.values())
-        lse[b, h, i] = top + mpmath.log(mpmath.fsum(mpmath.exp(s[j] - top) for j in keys))
-        p = {j: mpmath.exp(s[j] - lse[b, h, i]) for j in keys}
-        w = {j: self._weight(b, h, i, j) for j in keys}
-        out[b, h, i] = [mpmath.fsum(p[j] * w[j] * v[j, d] for j in keys) for d in range(v.shape[1])]
+        qi, k, v = self.q[b][h][i], self.k[b][g], self.v[b][g]
+        raw = [self.scale * mpmath.fdot(qi, k[j]) for j in keys]
+        s = [self._softcap(r) for r in raw]
+        top = max(s)
+        lse[b][h][i] = top + mpmath.log(mpmath.fsum(mpmath.exp(x - top) for x in s))
+        p = [mpmath.exp(x - lse[b][h][i]) for x in s]
+        pw = [pj * self._weight(b, h, i, j) for pj, j in zip(p, keys)]  # P_j w_j
+        out[b][h][i] = [mpmath.fdot(pw, [v[j][d] for j in keys]) for d in range(self.spec.head_dim_v)]
         if grads is None:
             return
-        do = self.grad_out[b, h, i]
-        delta = mpmath.fdot(do, out[b, h, i])
-        for j in keys:
-            ds = p[j] * (w[j] * mpmath.fdot(do, v[j]) - delta)
-            if self.cap is not None:
-                ds *= 1 - mpmath.tanh(raw[j] / self.cap) ** 2
-            grads["dq"][b, h, i] += self.scale * ds * k[j]
-            grads["dk"][b, g, j] += self.scale * ds * qi
-            grads["dv"][b, g, j] += p[j] * w[j] * do
+        do = self.grad_out[b][h][i]
+        delta = mpmath.fdot(do, out[b][h][i])
+        ds = []
+        for pj, rj, j in zip(p, raw, keys):
+            dsj = pj * (self._weight(b, h, i, j) * mpmath.fdot(do, v[j]) - delta)
+            ds.append(dsj if self.cap is None else dsj * (1 - mpmath.tanh(rj / self.cap) ** 2))
+        grads["dq"][b][h][i] = [self.scale * mpmath.fdot(ds, [k[j][d] for j in keys])
+                                for d in range(self.spec.head_dim)]
+        for dsj, pwj, j in zip(ds, pw, keys):
+            dk_terms[g][j].append((dsj, qi))
+            dv_terms[g][j].append((pwj, do))
 
     def _softcap(self, r):
         return r if self.cap is None else self.cap * mpmath.tanh(r / self.cap)
@@ -120,8 +135,32 @@ class _Computation:
     def _weight(self, b, h, i, j):
         if self.keep is None:
             return 1
-        return self.kappa if self.keep[b, h, i, j] else 0
+        return self.kappa if self.keep[b][h][i][j] else 0
 
 
-def _mpf_array(t: torch.Tensor) -> np.ndarray:
-    return np.vectorize(mpmath.mpf, otypes=[object])(t.numpy())
+def _combine(terms, dim, factor):
+    """``factor * sum_t c_t x_t`` for the ``(c_t, x_t)`` terms, element by element."""
+    return [factor * mpmath.fdot([c for c, _ in terms], [x[d] for _, x in terms]) for d in range(dim)]
+
+
+def _mpf_lists(t: torch.Tensor) -> list:
+    return _map_leaves(t.tolist(), mpmath.mpf)
+
+
+def _map_leaves(nested, fn):
+    return [_map_leaves(x, fn) for x in nested] if isinstance(nested, list) else fn(nested)
+
+
+def _filled(shape, value) -> list:
+    return [_filled(shape[1:], value) for _ in range(shape[0])] if shape else value
+
+
+def _array(nested, shape) -> np.ndarray:
+    """A nested list of mpf as an object array of the given shape (zero-size dimensions too)."""
+    out = np.empty(shape, dtype=object)
+    for idx in np.ndindex(*shape):
+        item = nested
+        for n in idx:
+            item = item[n]
+        out[idx] = item
+    return out

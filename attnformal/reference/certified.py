@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from flint import arb, ctx
 
 from attnformal.reference import arb_balls, fp64_balls
 from attnformal.spec import AttentionSpec, SpecError
@@ -57,8 +58,9 @@ class CertifiedResult:
     ``dq``/``dk``/``dv`` and their radii are None without ``grad_out``. ``lse`` is ``-inf``
     with radius 0 on rows with no allowed key. ``tier`` is ``"float64"`` or ``"arb-<bits>"``;
     ``enclosure_radius`` is the largest radius before rounding to float64 (what
-    ``max_radius`` bounds); ``arb`` holds the Arb enclosures themselves (object arrays of
-    ``flint.arb``) on the Arb tier, for comparisons finer than float64.
+    ``max_radius`` bounds); ``enclosures`` holds the Arb balls themselves on the Arb tier
+    (name -> object array of ``flint.arb``; None marks an exact -inf lse), for comparisons
+    finer than float64.
     """
 
     spec: AttentionSpec
@@ -74,7 +76,7 @@ class CertifiedResult:
     dk_radius: torch.Tensor | None = None
     dv: torch.Tensor | None = None
     dv_radius: torch.Tensor | None = None
-    arb: dict | None = None
+    enclosures: dict | None = None
 
     def fields(self) -> tuple[str, ...]:
         """The names of the values present (``out``, ``lse`` and, with gradients, ``dq``, ``dk``, ``dv``)."""
@@ -118,8 +120,8 @@ def certified_attention(q, k, v, grad_out=None, *, max_radius: float | None = No
         if _meets(result, max_radius):
             return result
         if prec >= ARB_MAX_PREC:
-            raise CertificationError(f"radius {result.enclosure_radius:.3g} > max_radius={max_radius:.3g} "
-                                     f"at {prec} bits")
+            wanted = "a finite radius" if max_radius is None else f"max_radius={max_radius:.3g}"
+            raise CertificationError(f"radius {result.enclosure_radius:.3g}, not {wanted}, at {prec} bits")
         prec *= 2
 
 
@@ -172,8 +174,6 @@ def _describe(t) -> str:
 
 @contextmanager
 def _arb_precision(bits: int):
-    from flint import ctx
-
     saved = ctx.prec
     ctx.prec = bits
     try:
@@ -184,8 +184,6 @@ def _arb_precision(bits: int):
 
 def _run(bk, spec: AttentionSpec, x: dict, progress, prec) -> CertifiedResult:
     """Run the pipeline with ball backend ``bk`` over blocks of query rows; assemble the result."""
-    from flint import arb
-
     with _arb_precision(prec or ARB_START_PREC):  # the float64 tier uses Arb only for per-row log
         kappa = bk.const(1 / (1 - arb(spec.dropout_p))) if spec.dropout_mask is not None else None
         heads = spec.kv_heads()
@@ -256,9 +254,7 @@ def _row_shift(s_mid: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
 
 
 def _lse(bk, shift, l, nonempty) -> np.ndarray:
-    """``shift + log l`` per row as Arb balls (-inf, exactly, for empty rows)."""
-    from flint import arb
-
+    """``shift + log l`` per row as Arb balls (None, for an exact -inf, on empty rows)."""
     logs = np.frompyfunc(lambda s, x, seen: arb(s) + x.log() if seen else None, 3, 1)
     return logs(shift.numpy(), bk.to_arb(l), nonempty.numpy())[..., 0]
 
@@ -278,8 +274,8 @@ def _result(bk, spec, balls: dict, prec) -> CertifiedResult:
             values[name], values[f"{name}_radius"] = bk.to_float64(ball)
             enclosure = max(enclosure, bk.enclosure_radius(ball))
     tier = "float64" if prec is None else f"arb-{prec}"
-    arb_values = balls if prec is not None else None
-    return CertifiedResult(spec=spec, tier=tier, enclosure_radius=enclosure, arb=arb_values, **values)
+    enclosures = balls if prec is not None else None
+    return CertifiedResult(spec=spec, tier=tier, enclosure_radius=enclosure, enclosures=enclosures, **values)
 
 
 def _lse_float64(lse: np.ndarray):

@@ -12,6 +12,7 @@ Exit status: 0 written / passed, 1 check failed, 2 bad arguments or unusable fil
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 
@@ -40,7 +41,10 @@ def main(argv=None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m attnformal.reference", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m attnformal.reference",
+                                     description="Write golden files (seeded inputs with certified outputs, "
+                                                 "gradients and error radii) and check implementations "
+                                                 "against them. File format: attnformal/reference/golden.py.")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     gen = commands.add_parser("generate", help="write a golden file (inputs, certified outputs and gradients)")
@@ -51,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--kv-lens", type=_ints(None), help="one key length per batch, comma-separated")
     gen.add_argument("--softcap", type=float)
     gen.add_argument("--dropout-p", type=float, default=0.0, help="with a seeded keep-mask stored in the file")
-    gen.add_argument("--attn-mask-density", type=float, help="add a seeded random bool mask, this fraction True")
+    gen.add_argument("--attn-mask-density", type=_fraction, help="add a seeded random bool mask, this fraction True")
     gen.add_argument("--scale", type=float, help="softmax scale (default 1/sqrt(D))")
     gen.add_argument("--input-scale", type=float, default=1.0, help="inputs ~ N(0,1) times this (large: extreme logits)")
     gen.add_argument("--max-radius", type=float, help="raise precision until every radius is at most this")
@@ -75,6 +79,16 @@ def _shape(text: str):
     if len(values) not in (6, 7) or min(values) < 0:
         raise argparse.ArgumentTypeError("expected B,Hq,Hkv,Sq,Sk,D[,Dv] (6 or 7 non-negative ints)")
     return tuple(values) if len(values) == 7 else (*values, values[5])
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {text!r}")
+    return value
 
 
 def _ints(count):

@@ -110,6 +110,8 @@ def certified_attention(q, k, v, grad_out=None, *, max_radius: float | None = No
     inputs = exact_inputs(spec, q, k, v, grad_out)
     if max_radius is not None and not max_radius > 0:
         raise SpecError("max_radius", "a positive float or None", repr(max_radius))
+    if prec is not None and (not isinstance(prec, int) or not 64 <= prec <= ARB_MAX_PREC):
+        raise SpecError("prec", f"None or an int number of bits in [64, {ARB_MAX_PREC}]", repr(prec))
     if prec is None:
         result = _try_fp64(spec, inputs, progress)
         if result is not None and _meets(result, max_radius):

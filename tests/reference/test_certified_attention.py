@@ -187,6 +187,7 @@ def test_what_float64_cannot_certify_moves_to_arb():
     (lambda x: certified_attention(x["q"], x["k"], x["v"], dropout_p=0.5), "dropout_mask"),
     (lambda x: certified_attention(x["q"] * math.inf, x["k"], x["v"]), "q"),
     (lambda x: certified_attention(x["q"], x["k"], x["v"], max_radius=0.0), "max_radius"),
+    (lambda x: certified_attention(x["q"], x["k"], x["v"], prec=10), "prec"),
     (lambda x: certified_attention(x["q"], x["k"], x["v"], causal="bottom-right"), "causal"),
     (lambda x: mp_attention(x["q"], x["k"], x["v"][:, :, :2]), "v"),
 ])

@@ -141,6 +141,8 @@ def test_an_unrelated_file_is_rejected(tmp_path):
     (["--shape", "1,2,1,4,4,8", "--kv-lens", "4,4"], "argument 'kv_lens': expected None or 1 ints"),
     (["--shape", "1,3,2,4,4,8"], "argument 'k': expected a KV head count that divides Hq=3"),
     (["--shape", "1,2,1,4,4,8", "--dropout-p", "1.5"], "argument 'dropout_p'"),
+    (["--shape", "1,2,1,4,4,8", "--attn-mask-density", "2"], "argument --attn-mask-density: expected a fraction"),
+    (["--shape", "1,2,1,4,4,8", "--prec", "8"], "argument 'prec'"),
 ])
 def test_bad_generate_arguments_name_the_argument(tmp_path, capsys, argv, message):
     out = tmp_path / "never.npz"

@@ -9,6 +9,7 @@ N: it is measured at --mp-sizes and extrapolated to the other sizes as ``c N^2``
 largest measured size; extrapolated entries are marked ``~`` and say so in the summary.
 
     nice .venv/bin/python benchmarks/bench_reference.py [--sizes 256,1024,4096] [--mp-sizes 64,128,256]
+        [--threads 1]
 """
 
 from __future__ import annotations
@@ -103,7 +104,10 @@ def main():
     parser.add_argument("--mp-sizes", default="64,128,256", help="sizes at which mpmath is actually run")
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--repeat", type=int, default=2, help="runs per oracle/certified timing (best is kept)")
-    parser.add_argument("--threads", type=int, help="torch threads (1 avoids OpenMP stalls on a busy shared machine)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads for every path (default 1; 0: torch's default). On a busy shared "
+                             "machine two OpenMP threads stall at every parallel region, which distorts both "
+                             "paths (measured: oracle 17x and certified 100x slower at N=256)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -7,5 +7,6 @@
 """
 
 from attnformal.reference.certified import CertificationError, CertifiedResult, certified_attention
+from attnformal.reference.mp import MpResult, mp_attention
 
-__all__ = ["CertificationError", "CertifiedResult", "certified_attention"]
+__all__ = ["CertificationError", "CertifiedResult", "MpResult", "certified_attention", "mp_attention"]

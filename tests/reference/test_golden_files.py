@@ -163,7 +163,7 @@ def test_ctrl_c_cancels_a_long_generation_and_writes_nothing(tmp_path):
     out = tmp_path / "big.npz"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-m", "attnformal.reference", "generate", "--shape",
-                             "1,16,16,1024,1024,64", "--dtype", "fp32", "--seed", "1", "--out", str(out)],
+                             "1,32,32,1024,1024,64", "--dtype", "fp32", "--seed", "1", "--out", str(out)],
                             stderr=subprocess.PIPE, text=True, env=env)
     first_line = proc.stderr.readline()  # the estimate comes before any work on the case
     assert first_line.startswith("estimated time:"), first_line

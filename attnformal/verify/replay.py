@@ -28,7 +28,11 @@ def load_reproducer(path) -> tuple[Case, dict]:
 
 def replay(settings: Settings, path) -> tuple[CheckResult, str]:
     case, data = load_reproducer(path)
-    case = case.with_(q=case.q.to(settings.device), k=case.k.to(settings.device), v=case.v.to(settings.device))
+    to = settings.device
+    case = case.with_(q=case.q.to(to), k=case.k.to(to), v=case.v.to(to),
+                      grad_out=None if case.grad_out is None else case.grad_out.to(to),
+                      kwargs={key: (val.to(to) if isinstance(val, torch.Tensor) else val)
+                              for key, val in case.kwargs.items()})
 
     def rerun(run):
         run.against_reference(case, lse=data["lse"], backward=data["backward"])

@@ -103,9 +103,9 @@ def gqa(run):
 
 # -- masks
 
-def _mask_cases(run, kwargs_list, shapes):
+def _mask_cases(run, kwargs_list, shapes, name="mask"):
     for n, (kw, sh) in enumerate((kw, sh) for kw in kwargs_list for sh in shapes):
-        run.against_reference(run.random_case(f"mask #{n}", sh, grad=False, **kw))
+        run.against_reference(run.random_case(f"{name} #{n}", sh, grad=False, **kw))
 
 
 @check("mask.causal_top_left")
@@ -127,7 +127,7 @@ def window(run):
     """Sliding windows (left, right), one-sided and zero-width, Sq != Sk."""
     windows = [(8, 0), (4, 4), (0, 0), (-1, 3), (16, -1)]
     _mask_cases(run, [{"window": w} for w in windows], [shape(2, 2, 2, 40, 57, 32), shape(1, 2, 2, 50, 30, 16)])
-    _mask_cases(run, [{"window": (5, 2), "causal": "bottom_right"}], [shape(2, 2, 2, 40, 57, 32)])
+    _mask_cases(run, [{"window": (5, 2), "causal": "bottom_right"}], [shape(2, 2, 2, 40, 57, 32)], "window + causal")
 
 
 @check("mask.kv_lens")

@@ -62,7 +62,6 @@ ZOO = [
     Specimen("no_max_subtraction", "unstable_softmax", "exp(s) without subtracting the running max"),
     Specimen("softcap_before_scale", "softcap_wrong", "softcap applied to the unscaled scores"),
     Specimen("race", "nondeterminism", "each call loses one random key block of one head (a lost update)"),
-    Specimen("uninitialised_output", "uninitialised_output", "rows without keys are never written"),
     Specimen("one_head_scale", "head_specific", "head 0 uses a scale 1.6% too large", dtype="bfloat16"),
 ]
 
@@ -217,9 +216,6 @@ def _finalize(m, l, acc, bug, dtype):
     seen = l > 0
     l_safe = torch.where(seen, l, 1.0)
     out = acc / l if bug == "nan_empty_rows" else torch.where(seen, acc / l_safe, 0.0)
-    if bug == "uninitialised_output":
-        out = torch.empty_like(acc)
-        out[seen.expand_as(acc)] = (acc / l_safe)[seen.expand_as(acc)]
     lse = torch.where(seen, m + torch.log(l_safe), -math.inf).squeeze(-1)
     reported = lse
     if bug == "lse_base2":

@@ -2,31 +2,40 @@
 
     python benchmarks/bench_verify.py [--profiles quick full] [--impls sdpa-math torch-tiled ...] [--zoo]
 
-Prints wall and process-CPU seconds (CPU time is the number to compare on a shared machine),
-and the pass / FAIL / unsupported counts. With --zoo, runs the quick battery on every specimen
+Each run is a fresh ``python -m attnformal.verify`` process (so torch.compile's in-process caches
+do not flatter later runs; its on-disk cache still can). Prints wall and process-CPU seconds
+(CPU time is the number to compare on a shared machine) and the pass / FAIL / unsupported counts. With --zoo, runs the quick battery on every specimen
 of tests/verify/zoo.py and prints which bug class the battery names first.
 """
 
 import argparse
+import json
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
 
-from attnformal.adapters import resolve
 from attnformal.verify import Settings, run_battery
 
 IMPLS = ["sdpa-math", "sdpa-flash", "torch-tiled", "torch-tiled-split", "torch-tiled-small", "flex", "flex-compiled"]
 
 
 def time_battery(profiles, impls):
+    """Each run in a fresh process: compile caches of an earlier run in the same process would flatter it."""
     print("| implementation | profile | wall s | CPU s | pass | FAIL | unsupported |")
     print("|---|---|---|---|---|---|---|")
     for profile in profiles:
         for alias in impls:
-            r = run_battery(Settings(impl=resolve(alias), impl_name=alias, profile=profile))
-            print(f"| {alias} | {profile} | {r.seconds:.1f} | {r.cpu_seconds:.1f} | {r.count('pass')} | "
-                  f"{r.count('FAIL')} | {r.count('unsupported')} |", flush=True)
+            with tempfile.TemporaryDirectory() as tmp:
+                out = Path(tmp) / "run.json"
+                subprocess.run([sys.executable, "-m", "attnformal.verify", "--impl", alias, "--profile", profile,
+                                "--json", str(out), "--repro-dir", tmp], capture_output=True, check=False)
+                r = json.loads(out.read_text())
+            counts = {s: sum(x["status"] == s for x in r["results"]) for s in ("pass", "FAIL", "unsupported")}
+            print(f"| {alias} | {profile} | {r['seconds']:.1f} | {r['cpu_seconds']:.1f} | {counts['pass']} | "
+                  f"{counts['FAIL']} | {counts['unsupported']} |", flush=True)
 
 
 def zoo_table():

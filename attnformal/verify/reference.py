@@ -4,7 +4,8 @@
 
 * ``radius``: the reference's own error bound. The certified reference
   (:func:`attnformal.reference.certified_attention`, when installed) gives a rigorous
-  radius per element; the fp64 oracle's a-priori bound is ``(Sk + D) * 2^-52 * magnitude``;
+  radius per element (used for cases of up to 2^17 scores); the fp64 oracle's a-priori bound
+  is ``(Sk + D) * 2^-52`` times the abs-sum of the terms below;
 * ``magnitude``: how large the rounding errors of a correct kernel can be, per element,
   in units that the dtype's ``atol`` multiplies. Each result is a sum of terms (the output
   ``out_i = sum_j P_ij v_j``; dV, dQ and dK through the FlashAttention-2 formulas). A

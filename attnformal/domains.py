@@ -321,25 +321,30 @@ class AbstractFloats(NativeFloats):
 
     abstract = True
 
+    def __init__(self, fmt: FloatFormat):
+        super().__init__(fmt)
+        self._parts = {}  # term id -> (term, kind, value, negative): accessors built once per term
+
     def var(self, name):
         return AbstractFloat(z3.Const(name, Float), self)
 
     def const(self, x: float):
-        exact = z3.FPVal(x, self.fmt.sort)
-        if x != x:
-            return Float.float(NAN, 0, False)
-        if abs(x) == float("inf"):
-            return Float.float(POS_INF if x > 0 else NEG_INF, 0, x < 0)
-        value = z3.simplify(z3.fpToReal(exact))
-        return Float.float(FINITE, value, math.copysign(1.0, float(x)) < 0)
+        return _abstract_constant(repr(float(x)), self.fmt)
 
     def raw(self, x):
         if isinstance(x, AbstractFloat):
             return x.term
         return x if isinstance(x, z3.ExprRef) else self.const(x)
 
+    def _describe(self, x):
+        term = self.raw(x)
+        parts = self._parts.get(term.get_id())
+        if parts is None:
+            parts = self._parts[term.get_id()] = (term, Float.kind(term), Float.value(term), Float.negative(term))
+        return parts[1:]
+
     def _kind(self, x, kind):
-        return Float.kind(self.raw(x)) == kind
+        return self._describe(x)[0] == kind
 
     def is_nan(self, x):
         return self._kind(x, NAN)
@@ -351,19 +356,20 @@ class AbstractFloats(NativeFloats):
         return self._kind(x, NEG_INF)
 
     def is_zero(self, x):
-        return z3.And(self.is_finite(x), Float.value(self.raw(x)) == 0)
+        kind, value, _ = self._describe(x)
+        return z3.And(kind == FINITE, value == 0)
 
     def is_negative(self, x):
-        return Float.negative(self.raw(x))
+        return self._describe(x)[2]
 
     def _order(self, x, y, relation):
-        def rank(v):
-            return z3.If(self._kind(v, NEG_INF), -1, z3.If(self._kind(v, POS_INF), 1, 0))
+        (kx, vx, _), (ky, vy, _) = self._describe(x), self._describe(y)
 
-        x, y = self.raw(x), self.raw(y)
-        both_finite = z3.And(self.is_finite(x), self.is_finite(y))
-        ordered = z3.If(both_finite, relation(Float.value(x), Float.value(y)), relation(rank(x), rank(y)))
-        return z3.And(z3.Not(self.is_nan(x)), z3.Not(self.is_nan(y)), ordered)
+        def rank(kind):
+            return z3.If(kind == NEG_INF, -1, z3.If(kind == POS_INF, 1, 0))
+
+        ordered = z3.If(z3.And(kx == FINITE, ky == FINITE), relation(vx, vy), relation(rank(kx), rank(ky)))
+        return z3.And(kx != NAN, ky != NAN, ordered)
 
     def le(self, x, y):
         return self._order(x, y, lambda a, b: a <= b)
@@ -378,7 +384,8 @@ class AbstractFloats(NativeFloats):
         return self.raw(x) == self.raw(y)
 
     def abs_le(self, x, bound: float):
-        return z3.And(self.is_finite(x), Float.value(self.raw(x)) <= bound, -bound <= Float.value(self.raw(x)))
+        kind, value, _ = self._describe(x)
+        return z3.And(kind == FINITE, value <= bound, -bound <= value)
 
     def operation(self, name):
         decl = abstract_operation(name, self.fmt)
@@ -386,11 +393,23 @@ class AbstractFloats(NativeFloats):
 
     def well_formed(self, term):
         """The description of a real float: class in range, sign bit consistent with the value."""
-        kind, value, negative = Float.kind(term), Float.value(term), Float.negative(term)
+        kind, value, negative = self._describe(term)
         return z3.And(0 <= kind, kind <= NAN, z3.Implies(kind == POS_INF, z3.Not(negative)),
                       z3.Implies(kind == NEG_INF, negative),
                       z3.Implies(z3.And(kind == FINITE, value > 0), z3.Not(negative)),
                       z3.Implies(z3.And(kind == FINITE, value < 0), negative))
+
+
+@functools.cache
+def _abstract_constant(text: str, fmt: FloatFormat):
+    """The description of the float nearest ``float(text)`` (text, so that -0.0 and 0.0 differ)."""
+    x = float(text)
+    if x != x:
+        return Float.float(NAN, 0, False)
+    if abs(x) == math.inf:
+        return Float.float(POS_INF if x > 0 else NEG_INF, 0, x < 0)
+    value = z3.simplify(z3.fpToReal(z3.FPVal(x, fmt.sort)))
+    return Float.float(FINITE, value, math.copysign(1.0, x) < 0)
 
 
 @functools.cache

@@ -171,10 +171,10 @@ _SATISFIABLE: set[tuple[str, ...]] = set()  # premises already shown satisfiable
 def _satisfiable(labelled, query: Query, budget: Budget) -> Proof | None:
     """None if the premises have a model; else the vacuous or unknown outcome.
 
-    Many queries share their premises (all tile queries assume only ``len_q, len_k, bm, bn >= 0``),
-    so a set of premises shown satisfiable once is not checked again.
+    Many queries share a few small premises (all tile queries assume only ``len_q, len_k, bm,
+    bn >= 0``), so a small set of premises shown satisfiable once is not checked again.
     """
-    key = tuple(formula.sexpr() for _, formula in labelled)
+    key = tuple(formula.sexpr() for _, formula in labelled) if len(labelled) <= 4 else None
     if key in _SATISFIABLE:
         return None
     solver = plain_solver(budget.left())  # finding a model is easy; the tactics need not return one
@@ -182,7 +182,8 @@ def _satisfiable(labelled, query: Query, budget: Budget) -> Proof | None:
         solver.assert_and_track(formula, z3.Bool(f"[{index}] {text}"))
     verdict = solver.check()
     if verdict == z3.sat:
-        _SATISFIABLE.add(key)
+        if key is not None:
+            _SATISFIABLE.add(key)
         return None
     if verdict == z3.unsat:
         core = sorted(str(label) for label in solver.unsat_core())

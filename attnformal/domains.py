@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import z3
 
 from attnformal import ops
-from attnformal.logic import render_float, render_value
+from attnformal.logic import render_value
 
 FINITE, POS_INF, NEG_INF, NAN = 0, 1, 2, 3
 _KIND_NAMES = {POS_INF: "+inf", NEG_INF: "-inf", NAN: "nan"}
@@ -259,6 +259,10 @@ class NativeFloats:
     def const(self, x: float):
         return z3.FPVal(x, self.fmt.sort)
 
+    def number(self, x: float):
+        """A constant the spec's code can compute with (``const`` may be a raw term)."""
+        return self.const(x)
+
     def raw(self, x):
         return x if isinstance(x, z3.ExprRef) else self.const(x)
 
@@ -311,8 +315,8 @@ class AbstractFloats(NativeFloats):
     """IEEE values of ``fmt`` seen through what the proofs use about them, with abstract arithmetic.
 
     A value is described by its class (finite, +inf, -inf, NaN), its exact real value and its
-    sign bit -- a one-to-one description of every non-NaN float, so predicates (order, IEEE
-    equality, zero, sign, bit identity) mean the same as on the float. ``+ - * /``, the spec's
+    sign bit -- one description per float (Z3, like SMT-LIB, has a single NaN), so predicates
+    (order, IEEE equality, zero, sign, bit identity) mean the same as on the float. ``+ - * /``, the spec's
     ``maximum``, ``exp`` and ``log`` are uninterpreted functions: only lemmas proved about the real
     operations (and the axioms of exp and log) constrain them. Reals that are not floats are
     allowed too, which only adds models: a proof here holds for the floats. The queries are
@@ -330,6 +334,9 @@ class AbstractFloats(NativeFloats):
 
     def const(self, x: float):
         return _abstract_constant(repr(float(x)), self.fmt)
+
+    def number(self, x: float):
+        return AbstractFloat(self.const(x), self)
 
     def raw(self, x):
         if isinstance(x, AbstractFloat):
@@ -392,9 +399,11 @@ class AbstractFloats(NativeFloats):
         return lambda x, y: AbstractFloat(decl(self.raw(x), self.raw(y)), self)
 
     def well_formed(self, term):
-        """The description of a real float: class in range, sign bit consistent with the value."""
+        """The description of a real float: the class in range, the sign bit agreeing with the
+        value, and one description for each non-finite float (value 0; NaN unsigned, as Z3's one NaN)."""
         kind, value, negative = self._describe(term)
-        return z3.And(0 <= kind, kind <= NAN, z3.Implies(kind == POS_INF, z3.Not(negative)),
+        return z3.And(0 <= kind, kind <= NAN, z3.Implies(kind != FINITE, value == 0),
+                      z3.Implies(z3.Or(kind == POS_INF, kind == NAN), z3.Not(negative)),
                       z3.Implies(kind == NEG_INF, negative),
                       z3.Implies(z3.And(kind == FINITE, value > 0), z3.Not(negative)),
                       z3.Implies(z3.And(kind == FINITE, value < 0), negative))
@@ -454,10 +463,11 @@ class AbstractFloat:
     def __rtruediv__(self, other):
         return self._apply("div", other, self)
 
-    def __neg__(self):  # exact in IEEE: flips the sign bit
+    def __neg__(self):  # exact in IEEE: flips the sign bit (NaN stays the one NaN)
         t = self.term
         kind = z3.If(Float.kind(t) == POS_INF, NEG_INF, z3.If(Float.kind(t) == NEG_INF, POS_INF, Float.kind(t)))
-        return AbstractFloat(Float.float(kind, -Float.value(t), z3.Not(Float.negative(t))), self.domain)
+        negative = z3.If(Float.kind(t) == NAN, False, z3.Not(Float.negative(t)))
+        return AbstractFloat(Float.float(kind, -Float.value(t), negative), self.domain)
 
     def __lt__(self, other):
         return self.domain.lt(self, other)

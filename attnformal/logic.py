@@ -15,14 +15,16 @@ theorem is not vacuously true; if there is no such model the check is **vacuous*
 
 Axioms are few, named and justified; they are quantifier-free *schemas*, instantiated on the
 terms of each query (``exp(a) * exp(b) = exp(a + b)`` for the ``exp`` terms present), which
-keeps every query decidable and small. SymPy checks work the same way on exact expressions:
-an identity is proved when the difference normalises to 0, refuted when it is nonzero at a
-reproducible random point, unknown otherwise.
+keeps every query decidable and small. SymPy checks work on exact expressions: an identity
+is proved when the difference normalises to 0, refuted when it is nonzero at a reproducible
+random point (at 50 and at 100 digits), unknown otherwise; their hypotheses are assumptions
+on the symbols (real, positive...), which those points satisfy, so they are never vacuous.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import random
 import signal
 import time
@@ -88,7 +90,6 @@ class Budget:
     """The time one obligation may spend; all of its queries draw on it."""
 
     def __init__(self, seconds: float):
-        self.seconds = seconds
         self.end = time.monotonic() + seconds
 
     def left(self) -> float:
@@ -150,10 +151,8 @@ def _decide(query: Query, axioms: Sequence[Axiom], budget: Budget, solver_for, k
     if not_vacuous is not None:
         return not_vacuous
 
-    premises = [formula for _, formula in labelled]
-
     solver = solver_for(budget.left())
-    solver.add(*premises, z3.Not(query.claim))
+    solver.add(*(formula for _, formula in labelled), z3.Not(query.claim))
     verdict = solver.check()
     if verdict == z3.unsat:
         used = (f"{a.name}: {a.statement} ({a.justification})" for a in axioms if a.name in instances)
@@ -313,11 +312,10 @@ def check_identities(claim: str, pairs: Iterable[tuple[str, Any, Any]], *, budge
         count += 1
         try:
             with _alarm(budget.left()):
-                status, countermodel = _decide_identity(lhs, rhs, random.Random(seed))
+                status, countermodel, detail = _decide_identity(lhs, rhs, random.Random(seed))
         except TimeoutError:
-            status, countermodel = UNKNOWN, None
+            status, countermodel, detail = UNKNOWN, None, "obligation timeout reached"
         if status != PROVED:
-            detail = "timeout" if status == UNKNOWN and countermodel is None else ""
             return Proof(claim, "sympy", status, tuple(hypotheses), countermodel=countermodel, case=case,
                          queries=count, seconds=time.perf_counter() - start, detail=detail)
     return Proof(claim, "sympy", PROVED if count else UNKNOWN, tuple(hypotheses), queries=count,
@@ -331,17 +329,17 @@ def _decide_identity(lhs, rhs, rng: random.Random):
     special = [x for x in (lhs, rhs) if x.has(sympy.nan, sympy.zoo) or x in (sympy.oo, -sympy.oo)]
     if special:
         if lhs == rhs and not lhs.has(sympy.nan, sympy.zoo):
-            return PROVED, None
-        return REFUTED, {"lhs": str(lhs), "rhs": str(rhs)}
+            return PROVED, None, ""
+        return REFUTED, {"lhs": str(lhs), "rhs": str(rhs)}, ""
     difference = lhs - rhs
     if sympy.expand(difference) == 0:
-        return PROVED, None
+        return PROVED, None, ""
     countermodel = _search_counterexample(lhs, rhs, rng)
     if countermodel:
-        return REFUTED, countermodel
+        return REFUTED, countermodel, ""
     if sympy.simplify(difference) == 0:
-        return PROVED, None
-    return UNKNOWN, {}
+        return PROVED, None, ""
+    return UNKNOWN, None, "lhs - rhs does not simplify to 0, and no point was found where it is not 0"
 
 
 def _search_counterexample(lhs, rhs, rng: random.Random, tries: int = 20):
@@ -411,11 +409,27 @@ class Settings:
 
 @dataclass(frozen=True)
 class Control:
-    """A deliberately broken variant of a definition; the prover must refute it with a counterexample."""
+    """A negative control: one definition replaced by a broken one, and the check it must fail.
+
+    The prover must come back *refuted*, with a counterexample: that shows the check can fail.
+    """
 
     name: str
     breaks: str  # what is wrong, in words
-    run: Callable[[Settings, Budget], Proof]
+    target: Any  # the module (or class) that holds the definition
+    attribute: str
+    replacement: Any  # the broken definition
+    check: Callable[[Budget], Proof]
+
+    @property
+    def replaces(self) -> str:
+        owner = self.target.__name__ if inspect.ismodule(self.target) else \
+            f"{self.target.__module__}.{self.target.__qualname__}"
+        return f"{owner}.{self.attribute}"
+
+    def run(self, settings: Settings, budget: Budget) -> Proof:
+        with patched(self.target, self.attribute, self.replacement):
+            return self.check(budget)
 
 
 # ---------------------------------------------------------------------------- negative controls

@@ -65,6 +65,7 @@ class ControlResult:
     obligation: int
     name: str
     breaks: str
+    replaces: str
     proof: Proof
 
     @property
@@ -110,7 +111,7 @@ def _run_controls(number, module, settings):
             proof = control.run(settings, Budget(settings.timeout))
         except Exception:
             proof = Proof(control.name, "python", UNKNOWN, detail=traceback.format_exc(limit=4))
-        results.append(ControlResult(number, control.name, control.breaks, _portable(proof)))
+        results.append(ControlResult(number, control.name, control.breaks, control.replaces, _portable(proof)))
     return results
 
 
@@ -164,7 +165,7 @@ def _failed(task, reason):
     proof = Proof(f"obligation {number}", "python", UNKNOWN, detail=reason)
     if kind == "checks":
         return ObligationResult(number, module.__name__.rsplit(".", 1)[-1], module.TITLE, module.__doc__ or "", [proof])
-    return [ControlResult(number, c.name, c.breaks, proof) for c in module.CONTROLS]
+    return [ControlResult(number, c.name, c.breaks, c.replaces, proof) for c in module.CONTROLS]
 
 
 # ---------------------------------------------------------------------------- output
@@ -218,8 +219,8 @@ def to_json(checks, controls, wall: float, settings: Settings) -> dict:
                                    for label, s in settings.schedules]},
         "obligations": [{"number": o.number, "name": o.name, "title": o.title, "status": o.status,
                          "seconds": o.seconds, "checks": [p.to_json() for p in o.checks]} for o in checks],
-        "controls": [{"obligation": c.obligation, "name": c.name, "breaks": c.breaks, "refuted": c.ok,
-                      "proof": c.proof.to_json()} for c in controls],
+        "controls": [{"obligation": c.obligation, "name": c.name, "breaks": c.breaks, "replaces": c.replaces,
+                      "refuted": c.ok, "proof": c.proof.to_json()} for c in controls],
         "wall_seconds": wall,
         "all_proved": all(o.status == PROVED for o in checks),
         "all_controls_refuted": all(c.ok for c in controls),
@@ -248,8 +249,8 @@ def report(checks, controls, wall: float, settings: Settings) -> str:
         mine = [c for c in controls if c.obligation == o.number]
         if mine:
             out += ["", "Negative controls:", ""]
-            out += [f"- **{c.name}** ({c.breaks}): {c.proof.status}; counterexample: {_counterexample(c.proof)}"
-                    for c in mine]
+            out += [f"- **{c.name}** -- replaces `{c.replaces}`: {c.breaks}. {c.proof.status}; counterexample: "
+                    f"{_counterexample(c.proof)}" for c in mine]
         out.append("")
     return "\n".join(out)
 

@@ -53,10 +53,12 @@ def main() -> None:
         walls.append(wall)
         print(f"run {attempt + 1}: {wall:.1f} s wall (prover-reported {last['wall_seconds']:.1f} s)")
     median = statistics.median(walls)
-    print(f"median {median:.1f} s, min {min(walls):.1f} s, goal < {GOAL_S:.0f} s: {'met' if median < GOAL_S else 'NOT met'}")
+    verdict = "met" if median < GOAL_S else "NOT met"
+    print(f"median {median:.1f} s, min {min(walls):.1f} s, goal < {GOAL_S:.0f} s: {verdict}")
     print("per obligation (last run, each in its own worker):")
     for o in last["obligations"]:
-        print(f"  {o['number']}. {o['title']:<44} {o['seconds']:6.1f} s  ({sum(p['queries'] for p in o['checks'])} queries)")
+        queries = sum(p["queries"] for p in o["checks"])
+        print(f"  {o['number']}. {o['title']:<44} {o['seconds']:6.1f} s  ({queries} queries)")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.out:
         with open(args.out, "w") as handle:

@@ -25,11 +25,13 @@ and a fully masked row (``lse = -inf``: zero gradients).
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import sympy
 
 from attnformal import tile
-from attnformal.logic import Budget, Control, Settings, check_identities, patched
+from attnformal.logic import Budget, Control, Settings, check_identities
 from attnformal.spec import apply_softcap
 
 COST = 2  # rough seconds; the prover starts the longest obligations first
@@ -37,6 +39,11 @@ TITLE = "Backward identities"
 BM, BN = 2, 2
 SCALE = sympy.Rational(1, 3)
 ALLOWED = np.array([[True, False], [True, True]], dtype=object)
+
+
+def output_delta(problem):
+    """``D = rowsum(dO * O)`` with ``O`` the output the forward returned (dropout applied)."""
+    return (problem.grad_out * problem.out).sum(axis=1, keepdims=True)
 
 
 def _matrix(name, rows, cols, **assumptions):
@@ -49,7 +56,8 @@ class Problem:
 
     def __init__(self, allowed=ALLOWED, softcap=None, dropout=False, lse_gradient=False):
         self.allowed, self.softcap = allowed, softcap
-        self.q, self.k, self.v = _matrix("q", BM, 1, real=True), _matrix("k", BN, 1, real=True), _matrix("v", BN, 1, real=True)
+        self.q, self.k = _matrix("q", BM, 1, real=True), _matrix("k", BN, 1, real=True)
+        self.v = _matrix("v", BN, 1, real=True)
         self.grad_out = _matrix("dO", BM, 1, real=True)
         self.weights = _matrix("w", BM, BN, nonnegative=True) if dropout else None
         self.grad_lse = _matrix("g", BM, 1, real=True) if lse_gradient else None
@@ -59,21 +67,21 @@ class Problem:
         e = np.where(allowed.astype(bool), np.vectorize(sympy.exp, otypes=[object])(s), 0)
         total = e.sum(axis=1, keepdims=True)
         seen = np.array([[bool(any(row))] for row in allowed.astype(bool)])
-        p = np.where(seen, e / np.where(seen, total, 1), 0)  # an empty row: P = 0, O = 0
+        self.p = np.where(seen, e / np.where(seen, total, 1), 0)  # an empty row: P = 0, O = 0
         self.lse = np.where(seen, np.vectorize(sympy.log, otypes=[object])(np.where(seen, total, 1)), -sympy.oo)
-        self.out = ((p if dropout is False else p * self.weights) @ self.v)
+        self.out = (self.p if self.weights is None else self.p * self.weights) @ self.v
         self.loss = (self.grad_out * self.out).sum()
         if lse_gradient:
             self.loss += (self.grad_lse * self.lse).sum()
-        self.delta = (self.grad_out * self.out).sum(axis=1, keepdims=True)  # D = rowsum(dO * O), O dropped
+        self.delta = output_delta(self)
 
-    def grads(self, columns=((0, BN),), delta=None):
+    def grads(self, columns=((0, BN),)):
         """``tile_grads`` over the key tiles ``columns``, summed as the kernel does."""
         dq, dk, dv = 0, [], []
         for start, stop in columns:
             tq, tk, tv = tile.tile_grads(
                 self.q, self.k[start:stop], self.v[start:stop], self.grad_out, self.lse,
-                self.delta if delta is None else delta, scale=SCALE, softcap=self.softcap,
+                self.delta, scale=SCALE, softcap=self.softcap,
                 allowed=self.allowed[:, start:stop],
                 weights=None if self.weights is None else self.weights[:, start:stop], grad_lse=self.grad_lse)
             dq, dk, dv = dq + tq, dk + list(tk), dv + list(tv)
@@ -92,7 +100,7 @@ def _check(claim, problem, budget, **kwargs):
 
 def checks(settings: Settings, budget: Budget):
     yield masked_two_tiles(budget)
-    yield _check("with softcap: dS gets the chain factor 1 - tanh^2", Problem(softcap=sympy.Integer(5)), budget)
+    yield softcap(budget)
     yield dropout(budget)
     yield _check("with an lse gradient g: dS += P * g", Problem(lse_gradient=True), budget)
     yield _check("a fully masked row (lse = -inf) gets zero gradients",
@@ -104,33 +112,32 @@ def masked_two_tiles(budget):
                   columns=((0, 1), (1, 2)))
 
 
-def dropout(budget, delta=None):
-    problem = Problem(dropout=True)
-    return _check("with dropout: D = rowsum(dO * O_dropped) = rowsum(P * w * dP)", problem, budget,
-                  delta=None if delta is None else delta(problem))
+def softcap(budget):
+    return _check("with softcap: dS gets the chain factor 1 - tanh^2", Problem(softcap=sympy.Integer(5)), budget)
+
+
+def dropout(budget):
+    return _check("with dropout: D = rowsum(dO * O_dropped) = rowsum(P * w * dP)", Problem(dropout=True), budget)
 
 
 # ---- negative controls
 
 
-def _undropped_delta(settings, budget):
-    def delta(problem):  # D from the probabilities before dropout
-        s = SCALE * (problem.q @ problem.k.T)
-        e = np.where(problem.allowed.astype(bool), np.vectorize(sympy.exp, otypes=[object])(s), 0)
-        undropped = (e / e.sum(axis=1, keepdims=True)) @ problem.v
-        return (problem.grad_out * undropped).sum(axis=1, keepdims=True)
-    return dropout(budget, delta)
+def undropped_delta(problem):
+    """BROKEN: D from the probabilities before dropout, D = rowsum(dO * (P V))."""
+    return (problem.grad_out * (problem.p @ problem.v)).sum(axis=1, keepdims=True)
 
 
-def _no_softcap_slope(settings, budget):
-    scores = tile.tile_scores
-    with patched(tile, "tile_scores", lambda *args, **kw: (scores(*args, **kw)[0], None)):
-        return _check("with softcap: dS gets the chain factor 1 - tanh^2", Problem(softcap=sympy.Integer(5)), budget)
+def scores_without_slope(*args, **kwargs):
+    """BROKEN: tile_scores that forgets the softcap slope, so dS misses 1 - tanh^2."""
+    return TILE_SCORES(*args, **kwargs)[0], None
 
+
+TILE_SCORES = tile.tile_scores
 
 CONTROLS = (
     Control("D from undropped probabilities", "D = rowsum(dO * (P V)) ignoring the dropout weights",
-            _undropped_delta),
+            sys.modules[__name__], "output_delta", undropped_delta, dropout),
     Control("softcap chain rule dropped", "tile_scores returns no slope, so dS misses 1 - tanh^2",
-            _no_softcap_slope),
+            tile, "tile_scores", scores_without_slope, softcap),
 )

@@ -22,7 +22,7 @@ import sympy
 import z3
 
 from attnformal import spec
-from attnformal.logic import Budget, Control, Query, Settings, check_identities, check_z3, patched
+from attnformal.logic import Budget, Control, Query, Settings, check_identities, check_z3
 from attnformal.tile import tile_grads
 
 TITLE = "GQA head mapping"
@@ -45,7 +45,8 @@ def _heads():
 def one_kv_head(budget: Budget):
     h, heads_q, heads_kv, group, _, hypotheses = _heads()
     g = spec.kv_head_of(h, heads_q, heads_kv)
-    query = Query(z3.And(0 <= g, g < heads_kv), hypotheses, {"Hq": heads_q, "Hkv": heads_kv, "h": h, "kv_head_of(h)": g})
+    show = {"Hq": heads_q, "Hkv": heads_kv, "h": h, "kv_head_of(h)": g}
+    query = Query(z3.And(0 <= g, g < heads_kv), hypotheses, show)
     return check_z3("every query head maps to one KV head in [0, Hkv)", [query], budget=budget)
 
 
@@ -89,17 +90,13 @@ def grads_sum_over_group(budget: Budget):
 # ---- negative controls
 
 
-def _with_mapping(mapping, check):
-    def run(settings, budget):
-        with patched(spec, "kv_head_of", mapping):
-            return check(budget)
-    return run
+def _wrong_divisor(h, heads_q, heads_kv):
+    return h / heads_kv if isinstance(h, z3.ArithRef) else h // heads_kv
 
 
 CONTROLS = (
     Control("GQA h % Hkv", "query head h reads KV head h % Hkv (interleaved, not grouped)",
-            _with_mapping(lambda h, heads_q, heads_kv: h % heads_kv, consecutive_groups)),
+            spec, "kv_head_of", lambda h, heads_q, heads_kv: h % heads_kv, consecutive_groups),
     Control("GQA h // Hkv", "query head h reads KV head h // Hkv (divides by the wrong count)",
-            _with_mapping(lambda h, heads_q, heads_kv: h / heads_kv if isinstance(h, z3.ArithRef) else h // heads_kv,
-                          one_kv_head)),
+            spec, "kv_head_of", _wrong_divisor, one_kv_head),
 )

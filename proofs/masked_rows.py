@@ -29,8 +29,9 @@ import z3
 from attnformal import merge as spec
 from attnformal import ops, tile
 from attnformal.domains import ExtendedReal, extended_reals
-from attnformal.logic import Budget, Control, Query, Settings, check_z3, patched
+from attnformal.logic import Budget, Control, Query, Settings, check_z3
 from attnformal.merge import SoftmaxState
+from attnformal.proofs import pipeline
 from attnformal.proofs.keysets import EXP_AXIOMS, EXP_POSITIVE, EXP_ZERO, KeySet, empty_state, same_state, show_state
 
 TITLE = "Masked keys and empty rows"
@@ -53,14 +54,12 @@ class Tile:
         self.allowed = [z3.Bool(f"{name}.allowed{j}") for j in range(WIDTH)]
 
     def state(self, allowed=None) -> SoftmaxState:
-        """The spec's tile pipeline: tile_scores (masking) then block_state; as a row state."""
+        """The spec's tile pipeline (masking in tile_scores, then block_state), as a row state."""
         allowed = self.allowed if allowed is None else allowed
-        q = np.array([[ExtendedReal.finite(1)]], dtype=object)
-        k = np.array([[s] for s in self.scores], dtype=object)
-        s, _ = tile.tile_scores(q, k, 1.0, allowed=np.array([allowed], dtype=object))
-        st = spec.block_state(s, np.array([[v] for v in self.values], dtype=object),
-                              np.array([self.weights], dtype=object))
-        return SoftmaxState(*(x[0, 0] for x in st))
+        state = pipeline.tile_state(np.array([[ExtendedReal.finite(1)]], dtype=object), column(self.scores),
+                                    column(self.values), np.array([allowed], dtype=object),
+                                    np.array([self.weights], dtype=object))
+        return SoftmaxState(*(x[0, 0] for x in state))
 
     def show(self, allowed=None):
         allowed = self.allowed if allowed is None else allowed
@@ -117,49 +116,21 @@ def late_keys(budget: Budget):
     for tile_state in (first, second, late.state()):
         state = spec.merge(state, tile_state)
     return check_z3("masked, masked, then T: the fold from the empty state gives state(T)",
-                    [Query(same_state(state, late.state()), late.facts(), {**late.show(), **show_state("fold", state)})],
+                    [Query(same_state(state, late.state()), late.facts(),
+                           {**late.show(), **show_state("fold", state)})],
                     budget=budget, axioms=EXP_AXIOMS)
+
+
+def column(xs):
+    return np.array([[x] for x in xs], dtype=object)
 
 
 # ---- negative controls
 
-
-def block_state_masking_after_max(s, v, weights=None):
-    """BROKEN: takes the max over all scores, masked ones included, and masks afterwards.
-
-    It receives the masked scores like the real one; the raw scores come from ``Tile.raw``.
-    """
-    raw = _RAW_SCORES[0]
-    m = ops.rowmax(raw)
-    p = ops.where(ops.is_neg_inf(s), 0.0, ops.exp(raw - spec.finite_shift(m)))
-    l = ops.rowsum(p)
-    if weights is not None:
-        p = p * weights
-    return SoftmaxState(m, l, ops.matmul(p, v))
-
-
-_RAW_SCORES = [None]
-
-
-def _mask_after_max(settings, budget):
-    original = Tile.state
-
-    def state_with_raw_scores(self, allowed=None):
-        _RAW_SCORES[0] = np.array([self.scores], dtype=object)
-        return original(self, allowed)
-
-    with patched(Tile, "state", state_with_raw_scores), patched(spec, "block_state", block_state_masking_after_max):
-        return mask_before_max(budget)
-
-
-def _finite_sentinel(settings, budget):
-    with patched(tile, "NEG_INF", -1e4):  # tile_scores masks with -10000 instead of -inf
-        return empty_row(budget)
-
-
 CONTROLS = (
-    Control("mask applied after the max", "block_state takes the max over all scores, masked "
-            "ones included, and zeroes masked keys only afterwards", _mask_after_max),
+    Control("mask applied after the max", "block_state takes the max over all scores, masked ones included, "
+            "and zeroes masked keys only afterwards", pipeline, "tile_state", pipeline.mask_after_max_state,
+            mask_before_max),
     Control("finite -1e4 mask sentinel", "tile_scores writes -10000 instead of -inf at masked keys",
-            _finite_sentinel),
+            tile, "NEG_INF", -1e4, empty_row),
 )

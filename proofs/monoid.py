@@ -31,7 +31,7 @@ import z3
 
 from attnformal import merge as spec
 from attnformal.domains import ExtendedReal
-from attnformal.logic import Budget, Control, Query, Settings, check_identities, check_z3, patched
+from attnformal.logic import Budget, Control, Query, Settings, check_identities, check_z3
 from attnformal.merge import SoftmaxState
 from attnformal.proofs.keysets import EXP_POSITIVE, describe, key_set_cases, show_state
 
@@ -118,18 +118,9 @@ def _z3_state(k) -> SoftmaxState:
 # ---- negative controls
 
 
-def _unguarded(settings, budget):
-    with patched(spec, "finite_shift", lambda m: m):  # exp(m_old - m_new) with m_old = m_new = -inf
-        return identity_law(budget)
-
-
-def _finite_sentinel(settings, budget):
-    with patched(spec, "NEG_INF", -1e4):  # the empty state starts at m = -10000 instead of -inf
-        return identity_law(budget)
-
-
 CONTROLS = (
     Control("unguarded m_old - m_new", "merge shifts by m itself, without the finite_shift guard: "
-            "-inf - (-inf) = nan when both states are empty", _unguarded),
-    Control("finite -1e4 sentinel", "the empty state uses m = -10000 instead of -inf", _finite_sentinel),
+            "-inf - (-inf) = nan when both states are empty", spec, "finite_shift", lambda m: m, identity_law),
+    Control("finite -1e4 sentinel", "the empty state uses m = -10000 instead of -inf", spec, "NEG_INF", -1e4,
+            identity_law),
 )

@@ -27,7 +27,7 @@ import itertools
 import z3
 
 from attnformal import masks, npu
-from attnformal.logic import Budget, Control, Query, Settings, check_z3, patched
+from attnformal.logic import Budget, Control, Query, Settings, check_z3
 from attnformal.masks import MaskGeometry
 
 TITLE = "Ascend NPU mask semantics"
@@ -83,18 +83,11 @@ def _pre_next_swapped(g):
 _SPEC_ARGS = npu.npu_mask_args
 
 
-def _with(name, broken):
-    def run(settings, budget):
-        with patched(npu, name, broken):
-            return mapping_is_exact(budget)
-    return run
-
-
 CONTROLS = (
     Control("top-left mode for bottom-right", "bottom-right causal mapped to sparse_mode=2 (leftUpCausal)",
-            _with("npu_mask_args", _mode_2_for_bottom_right)),
+            npu, "npu_mask_args", _mode_2_for_bottom_right, mapping_is_exact),
     Control("pre/next swapped", "the window's left bound passed as next_tokens and the right as pre_tokens",
-            _with("npu_mask_args", _pre_next_swapped)),
+            npu, "npu_mask_args", _pre_next_swapped, mapping_is_exact),
     Control("atten_mask polarity", "the torch mask (True = may attend) passed as atten_mask unchanged",
-            _with("npu_atten_mask", lambda allowed: allowed)),
+            npu, "npu_atten_mask", lambda allowed: allowed, mapping_is_exact),
 )

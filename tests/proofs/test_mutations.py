@@ -11,7 +11,7 @@ import z3
 from attnformal import masks, merge, npu, ops, spec, tile
 from attnformal.logic import Budget, Settings
 from attnformal.proofs import (backward, floating_point, gqa, loop_invariant, masked_rows, merge_correctness, monoid,
-                               npu_masks, tile_classification)
+                               npu_masks, pipeline, tile_classification)
 from attnformal.merge import SoftmaxState
 
 SETTINGS = Settings(timeout=120)
@@ -118,7 +118,7 @@ def test_floating_point_counterexamples_replay_in_torch(dtype_name):
     scores = torch.tensor([[float(cex["s0"]), float(cex["s1"])]], dtype=dtype)
     allowed = torch.tensor([[cex["allowed0"] == "True", cex["allowed1"] == "True"]])
     values = torch.tensor([[float(cex["v0"])], [float(cex["v1"])]], dtype=dtype)
-    broken = floating_point.mask_after_max_state(torch.ones(1, 1, dtype=dtype), scores.T, values, allowed)
+    broken = pipeline.mask_after_max_state(torch.ones(1, 1, dtype=dtype), scores.T, values, allowed)
     correct = merge.block_state(torch.where(allowed, scores, float("-inf")), values)
     assert broken.l.item() < 1 <= correct.l.item()
     assert isinstance(broken, SoftmaxState)

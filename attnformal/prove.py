@@ -105,10 +105,10 @@ def _run_checks(number, module, settings):
 
 
 def _run_controls(number, module, settings):
-    results = []
+    results, budget = [], Budget(settings.timeout)  # one obligation's controls share its timeout
     for control in module.CONTROLS:
         try:
-            proof = control.run(settings, Budget(settings.timeout))
+            proof = control.run(settings, budget)
         except Exception:
             proof = Proof(control.name, "python", UNKNOWN, detail=traceback.format_exc(limit=4))
         results.append(ControlResult(number, control.name, control.breaks, control.replaces, _portable(proof)))

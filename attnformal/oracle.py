@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from attnformal import ops
 from attnformal.spec import AttentionSpec, apply_softcap
 
 
@@ -35,7 +36,7 @@ def oracle_from_spec(spec: AttentionSpec, q, k, v):
         s = apply_softcap(s, spec.softcap)
     allowed = spec.allowed(q.device)
     # Shift by the row max of allowed scores; an empty row may use any finite shift.
-    m = s.masked_fill(~allowed, float("-inf")).amax(dim=-1, keepdim=True)
+    m = ops.rowmax(s.masked_fill(~allowed, float("-inf")))
     m = torch.where(torch.isfinite(m), m, 0.0).detach()
     # Excluded entries take exp(0) in the discarded branch, so no inf or NaN reaches autograd.
     e = torch.where(allowed, torch.where(allowed, s - m, 0.0).exp(), 0.0)

@@ -1,0 +1,292 @@
+"""Certified attention: reference values with a rigorous bound on their own error.
+
+:func:`certified_attention` returns float64 values of out, lse and (given ``grad_out``)
+dQ, dK, dV, each element with a radius such that the exact value, for the exact binary
+inputs, lies within ``value +- radius``. Two tiers compute the same pipeline:
+
+* **float64 balls** (:mod:`~attnformal.reference.fp64_balls`): torch float64 with a proven
+  rounding bound for each operation; about 10^-13 relative, at a few times the cost of the
+  fp64 oracle. Its one assumption: BLAS float64 matmul is a classical binary64 product.
+* **Arb balls** (:mod:`~attnformal.reference.arb_balls`): python-flint's Arb at ``prec`` bits,
+  rigorous by construction, for radii below what float64 can express, and for what the
+  float64 tier cannot certify (overflow, exotic constants).
+
+With ``max_radius`` the precision is raised (float64, then Arb at 128, 256, ... bits) until
+every enclosure's radius is at most ``max_radius`` (absolute). Both tiers run the same
+steps, written once in :func:`_rows`: the FlashAttention-2 formulas, dense, per block of
+query rows::
+
+    s = scale q k^T (softcapped), E = exp(s - shift), l = sum E, P = E / l
+    out = kappa (P o keep) v,  lse = shift + log l            (kappa = 1 / (1 - p))
+    dP = kappa keep o (dO v^T),  D = rowsum(dO o out),  dS = P o (dP - D) [o (1 - tanh^2)]
+    dQ = scale dS k,  dK = scale dS^T q,  dV = kappa (P o keep)^T dO
+
+The shift is any exact float (softmax does not depend on it); the row maximum of the
+midpoints keeps ``exp`` in range. Masks come from ``spec.allowed()`` and heads from
+``spec.kv_heads()``; nothing of the kernels' tile code is used.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from flint import arb, ctx
+
+from attnformal.reference import arb_balls, fp64_balls
+from attnformal.spec import AttentionSpec, SpecError
+
+FIELDS = ("out", "lse", "dq", "dk", "dv")
+ARB_START_PREC = 128
+ARB_MAX_PREC = 4096
+FP64_CHUNK_ELEMENTS = 2**20  # scores per block of query rows: keeps temporaries in cache-sized pieces
+ARB_CHUNK_ELEMENTS = 2**14
+
+
+class CertificationError(RuntimeError):
+    """The requested radius was not reached at the highest precision tried."""
+
+
+@dataclass(frozen=True)
+class CertifiedResult:
+    """Float64 reference values and rigorous bounds: ``|exact - out| <= out_radius`` element-wise.
+
+    ``dq``/``dk``/``dv`` and their radii are None without ``grad_out``. ``lse`` is ``-inf``
+    with radius 0 on rows with no allowed key. ``tier`` is ``"float64"`` or ``"arb-<bits>"``;
+    ``enclosure_radius`` is the largest radius before rounding to float64 (what
+    ``max_radius`` bounds); ``enclosures`` holds the Arb balls themselves on the Arb tier
+    (name -> object array of ``flint.arb``; None marks an exact -inf lse), for comparisons
+    finer than float64.
+    """
+
+    spec: AttentionSpec
+    tier: str
+    enclosure_radius: float
+    out: torch.Tensor
+    out_radius: torch.Tensor
+    lse: torch.Tensor
+    lse_radius: torch.Tensor
+    dq: torch.Tensor | None = None
+    dq_radius: torch.Tensor | None = None
+    dk: torch.Tensor | None = None
+    dk_radius: torch.Tensor | None = None
+    dv: torch.Tensor | None = None
+    dv_radius: torch.Tensor | None = None
+    enclosures: dict | None = None
+
+    def fields(self) -> tuple[str, ...]:
+        """The names of the values present (``out``, ``lse`` and, with gradients, ``dq``, ``dk``, ``dv``)."""
+        return tuple(name for name in FIELDS if getattr(self, name) is not None)
+
+    def contains(self, name: str, values: torch.Tensor) -> torch.Tensor:
+        """Bool tensor: ``values`` (any float dtype) provably within the ball of each element.
+
+        ``fl(|x - mid|) <= fl(rad (1 - 2u))`` implies ``|x - mid| <= rad`` (each side rounds by
+        at most a factor ``1 +- u``); equal infinities (lse of empty rows) count as inside.
+        """
+        mid, rad = getattr(self, name), getattr(self, f"{name}_radius")
+        x = values.detach().to("cpu", torch.float64)
+        inside = (x - mid).abs() <= rad * (1.0 - 2 * fp64_balls.U)
+        return inside | (torch.isinf(mid) & (x == mid))
+
+
+def certified_attention(q, k, v, grad_out=None, *, max_radius: float | None = None,
+                        prec: int | None = None, progress: Callable[[int, int], None] | None = None,
+                        **protocol) -> CertifiedResult:
+    """Certified out, lse (and dQ, dK, dV for ``grad_out``) of the implementation protocol.
+
+    ``q, k, v`` as in the protocol (any supported dtype; their values are taken exactly),
+    ``grad_out`` ``[B, Hq, Sq, Dv]``; ``protocol`` is ``scale, causal, window, attn_mask,
+    kv_lens, softcap, dropout_p, dropout_mask`` (dropout needs its keep-mask to replay).
+    ``max_radius``: absolute bound every enclosure must meet (precision is raised until it
+    does, or :class:`CertificationError`). ``prec``: force the Arb tier at ``prec`` bits.
+    ``progress(done, total)`` is called after each block of query rows.
+    """
+    spec = AttentionSpec.from_inputs(q, k, v, **protocol)
+    inputs = exact_inputs(spec, q, k, v, grad_out)
+    if max_radius is not None and not max_radius > 0:
+        raise SpecError("max_radius", "a positive float or None", repr(max_radius))
+    if prec is not None and (not isinstance(prec, int) or not 64 <= prec <= ARB_MAX_PREC):
+        raise SpecError("prec", f"None or an int number of bits in [64, {ARB_MAX_PREC}]", repr(prec))
+    if prec is None:
+        result = _try_fp64(spec, inputs, progress)
+        if result is not None and _meets(result, max_radius):
+            return result
+        prec = ARB_START_PREC
+    while True:
+        result = _run(arb_balls, spec, inputs, progress, prec)
+        if _meets(result, max_radius):
+            return result
+        if prec >= ARB_MAX_PREC:
+            wanted = "a finite radius" if max_radius is None else f"max_radius={max_radius:.3g}"
+            raise CertificationError(f"radius {result.enclosure_radius:.3g}, not {wanted}, at {prec} bits")
+        prec *= 2
+
+
+def _meets(result: CertifiedResult, max_radius) -> bool:
+    finite = math.isfinite(result.enclosure_radius)
+    return finite and (max_radius is None or result.enclosure_radius <= max_radius)
+
+
+def _try_fp64(spec, inputs, progress):
+    try:
+        return _run(fp64_balls, spec, inputs, progress, None)
+    except fp64_balls.OutOfRange:
+        return None
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def exact_inputs(spec: AttentionSpec, q, k, v, grad_out) -> dict:
+    """Float64 CPU copies (exact for every supported dtype), checked finite."""
+    tensors = {"q": q, "k": k, "v": v}
+    if grad_out is not None:
+        expected = (spec.batch, spec.heads_q, spec.len_q, spec.head_dim_v)
+        if not isinstance(grad_out, torch.Tensor) or tuple(grad_out.shape) != expected \
+                or not grad_out.is_floating_point():
+            raise SpecError("grad_out", f"a float tensor of shape [B, Hq, Sq, Dv] = {list(expected)}",
+                            _describe(grad_out))
+        tensors["grad_out"] = grad_out
+    if spec.dropout_p > 0 and spec.dropout_mask is None:
+        raise SpecError("dropout_mask", "the keep-mask to replay when dropout_p > 0 (a reference cannot "
+                        "guess an implementation's random draw)", None)
+    exact = {}
+    for name, t in tensors.items():
+        t64 = t.detach().to("cpu", torch.float64)
+        if not bool(torch.isfinite(t64).all()):
+            raise SpecError(name, "finite values (the reference is defined for finite inputs)",
+                            "a tensor containing inf or NaN")
+        exact[name] = t64
+    return exact
+
+
+def _describe(t) -> str:
+    if not isinstance(t, torch.Tensor):
+        return type(t).__name__
+    return f"tensor of shape {tuple(t.shape)}, dtype {str(t.dtype).removeprefix('torch.')}"
+
+
+# ---------------------------------------------------------------- the pipeline
+
+
+@contextmanager
+def _arb_precision(bits: int):
+    saved = ctx.prec
+    ctx.prec = bits
+    try:
+        yield
+    finally:
+        ctx.prec = saved
+
+
+def _run(bk, spec: AttentionSpec, x: dict, progress, prec) -> CertifiedResult:
+    """Run the pipeline with ball backend ``bk`` over blocks of query rows; assemble the result."""
+    with _arb_precision(prec or ARB_START_PREC):  # the float64 tier uses Arb only for per-row log
+        kappa = bk.const(1 / (1 - arb(spec.dropout_p))) if spec.dropout_mask is not None else None
+        heads = spec.kv_heads()
+        k, v = x["k"][:, heads], x["v"][:, heads]  # GQA: repeat K and V per query head
+        allowed = spec.allowed("cpu")
+        keep = spec.dropout_mask.cpu() if spec.dropout_mask is not None else None
+        grad_out = x.get("grad_out")
+        budget = FP64_CHUNK_ELEMENTS if bk is fp64_balls else ARB_CHUNK_ELEMENTS
+        rows = max(1, budget // max(1, spec.batch * spec.heads_q * spec.len_k))
+        parts, dk, dv = [], None, None
+        starts = range(0, max(spec.len_q, 1), rows)  # one (empty) block when Sq = 0
+        for n, r0 in enumerate(starts):
+            sl = slice(r0, r0 + rows)
+            part = _rows(bk, spec, x["q"][:, :, sl], k, v, None if grad_out is None else grad_out[:, :, sl],
+                         allowed[:, :, sl], None if keep is None else keep[:, :, sl], kappa)
+            parts.append(part)
+            if grad_out is not None:
+                dk = part["dk"] if dk is None else bk.add(dk, part["dk"])
+                dv = part["dv"] if dv is None else bk.add(dv, part["dv"])
+            if progress is not None:
+                progress(n + 1, len(starts))
+        balls = {"out": bk.cat([p["out"] for p in parts], 2),
+                 "lse": np.concatenate([p["lse"] for p in parts], 2)}
+        if grad_out is not None:
+            balls["dq"] = bk.cat([p["dq"] for p in parts], 2)
+            balls["dk"], balls["dv"] = (_sum_query_heads(bk, spec, g) for g in (dk, dv))
+        return _result(bk, spec, balls, prec)
+
+
+def _rows(bk, spec: AttentionSpec, q, k, v, grad_out, allowed, keep, kappa) -> dict:
+    """Forward (and backward) for one block of query rows, all batches and heads at once."""
+    s = bk.mul_exact(bk.dot(q, k.mT), spec.scale)
+    t = None
+    if spec.softcap is not None:
+        t = bk.tanh(bk.div_exact(s, spec.softcap))
+        s = bk.mul_exact(t, spec.softcap)
+    shift = _row_shift(bk.mid(s), allowed)
+    e = bk.where(allowed, bk.exp(bk.sub_exact(s, shift)))
+    nonempty = allowed.any(-1, keepdim=True)
+    l = bk.sum_dim(e, -1)
+    p = bk.div(e, bk.where(nonempty, l, other=1.0))  # empty rows: E = 0 exactly, so P = 0
+    kept = p if keep is None else bk.where(keep, p)
+    out = bk.matmul(kept, v)
+    if kappa is not None:
+        out = bk.mul(out, kappa)
+    out = bk.where(nonempty, out)  # the empty-row rule, exactly (radius 0 too)
+    part = {"out": out, "lse": _lse(bk, shift, l, nonempty)}
+    if grad_out is None:
+        return part
+    dp = bk.dot(grad_out, v.mT)
+    if kappa is not None:
+        dp = bk.mul(bk.where(keep, dp), kappa)
+    delta = bk.sum_dim(bk.mul_exact(out, grad_out), -1)
+    ds = bk.mul(p, bk.sub(dp, delta))
+    if t is not None:
+        ds = bk.mul(ds, bk.rsub_exact(1.0, bk.mul(t, t)))  # d softcap / d s = 1 - tanh^2
+    dv = bk.matmul(bk.transpose(kept), grad_out)
+    part["dq"] = bk.where(nonempty, bk.mul_exact(bk.matmul(ds, k), spec.scale))
+    part["dk"] = bk.mul_exact(bk.matmul(bk.transpose(ds), q), spec.scale)
+    part["dv"] = dv if kappa is None else bk.mul(dv, kappa)
+    return part
+
+
+def _row_shift(s_mid: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """The exact float each row's scores are shifted by: their largest midpoint, 0 if none."""
+    shift = s_mid.masked_fill(~allowed, -math.inf).amax(-1, keepdim=True)
+    return torch.where(torch.isfinite(shift), shift, 0.0)
+
+
+def _lse(bk, shift, l, nonempty) -> np.ndarray:
+    """``shift + log l`` per row as Arb balls (None, for an exact -inf, on empty rows)."""
+    logs = np.frompyfunc(lambda s, x, seen: arb(s) + x.log() if seen else None, 3, 1)
+    return logs(shift.numpy(), bk.to_arb(l), nonempty.numpy())[..., 0]
+
+
+def _sum_query_heads(bk, spec: AttentionSpec, g):
+    """Sum per-query-head gradients ``[B, Hq, ...]`` into their KV heads ``[B, Hkv, ...]``."""
+    heads = spec.kv_heads()
+    return bk.cat([bk.sum_dim(bk.select(g, 1, torch.nonzero(heads == h)[:, 0]), 1)
+                   for h in range(spec.heads_kv)], 1)
+
+
+def _result(bk, spec, balls: dict, prec) -> CertifiedResult:
+    lse_mid, lse_rad, enclosure = _lse_float64(balls["lse"])
+    values = {"lse": lse_mid, "lse_radius": lse_rad}
+    for name, ball in balls.items():
+        if name != "lse":
+            values[name], values[f"{name}_radius"] = bk.to_float64(ball)
+            enclosure = max(enclosure, bk.enclosure_radius(ball))
+    tier = "float64" if prec is None else f"arb-{prec}"
+    enclosures = balls if prec is not None else None
+    return CertifiedResult(spec=spec, tier=tier, enclosure_radius=enclosure, enclosures=enclosures, **values)
+
+
+def _lse_float64(lse: np.ndarray):
+    """Float64 (mid, radius) of the per-row lse balls, and their largest Arb radius."""
+    mids = np.full(lse.shape, -math.inf)
+    rads = np.zeros(lse.shape)
+    enclosure = 0.0
+    for idx, ball in np.ndenumerate(lse):
+        if ball is not None:
+            mids[idx], rads[idx] = arb_balls.arb_to_float64(ball)
+            enclosure = max(enclosure, arb_balls.upper_float(ball.rad()))
+    return torch.from_numpy(mids), torch.from_numpy(rads), enclosure

@@ -1,0 +1,303 @@
+"""Rigorous ball arithmetic on float64 torch tensors, in round-to-nearest, with no libm.
+
+A ball is ``(mid, rad)``: the exact real value lies in ``[mid - rad, mid + rad]``. Every
+operation below returns a ball that provably contains the exact result of the operation
+on every point of its input balls. The proofs use only:
+
+* IEEE-754 binary64 ``+ - * /`` correctly rounded to nearest (torch's CPU kernels are,
+  vectorised or not), so for a result ``x`` in the normal range ``|fl(x) - x| <= u |fl(x)|``
+  and ``fl(x) >= (1 - u) x`` for ``x >= 0``, with ``u = 2^-53``;
+* a dot product of ``n`` terms computed in ANY order, blocked or not, with or without
+  FMA (what a BLAS ``dgemm`` or a ``sum`` does) has error at most ``gamma_n sum |a_i b_i|``
+  (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., eq. (3.5) and §3.1).
+  ASSUMPTION: the BLAS behind ``torch.matmul`` for float64 is a classical O(n^3) product in
+  binary64 (no Strassen-like scheme, no reduced or extended precision). MKL and OpenBLAS are.
+
+No ``exp``, ``tanh`` or ``log`` of the C library is trusted: :func:`exp64` below is built
+from ``+ - *`` and exact power-of-two scaling, with its error bound proven in its docstring.
+
+Underflow is kept out of the radius formulas instead of being modelled: every magnitude
+``|x|`` that a radius formula multiplies is replaced by ``max(|x|, FLOOR)``, an upper
+bound, and each product in a formula has at most one radius factor. Radii are then 0 or
+at least ``2^-700``, every product in a formula is at least ``2^-1000`` (normal), the
+relative model above holds for every rounding, and a midpoint's own underflow error
+(at most ``2^-1022`` per rounding, even with flush-to-zero) is dominated by the
+``u * max(|mid|, FLOOR)`` term each operation adds. Exact zeros stay exact.
+Overflow shows up as an infinite or NaN radius, which callers treat as "not certified".
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+U = 2.0**-53  # unit roundoff of binary64, round to nearest
+FLOOR = 2.0**-300  # see the module docstring: keeps radius formulas out of the subnormal range
+MAX_OPS = 2**40  # up() needs ops * U <= 0.005
+
+
+def gamma(n: int) -> float:
+    """An upper bound of ``gamma_n = n u / (1 - n u)``: ``(n + 1) u``, valid for ``n (n + 1) u <= 1``."""
+    if n * (n + 1) * U > 1:
+        raise ValueError(f"gamma({n}): too many terms for the float64 tier")
+    return (n + 1) * U
+
+
+def up(x: torch.Tensor, ops: int) -> torch.Tensor:
+    """An upper bound of the exact value of a nonnegative formula evaluated as ``x``.
+
+    ``x`` was computed with at most ``ops`` roundings on any path, each losing at most a
+    factor ``(1 - u)`` (no underflow, see the module docstring), so the exact value is at
+    most ``x / (1 - gamma_ops) <= x (1 + 1.01 ops u)``. The product below rounds once more:
+    ``fl(x (1 + 4 ops u)) >= x (1 + 4 ops u)(1 - u) >= x (1 + 1.01 ops u)`` for ``ops >= 1``.
+    ``1 + 4 ops u`` is exact (an integer multiple of ``2^-52`` below 2).
+    """
+    assert 1 <= ops <= MAX_OPS
+    return x * (1.0 + 4 * ops * U)
+
+
+def mag(x: torch.Tensor) -> torch.Tensor:
+    """``max(|x|, FLOOR)``: an upper bound of ``|x|`` that is never subnormal."""
+    return x.abs().clamp_min(FLOOR)
+
+
+class Ball(NamedTuple):
+    """Exact values lie in ``[mid - rad, mid + rad]`` (element-wise)."""
+
+    mid: torch.Tensor
+    rad: torch.Tensor
+
+
+def exact(x: torch.Tensor) -> Ball:
+    """A ball of radius 0 around float64 values that are exact by definition."""
+    return Ball(x, torch.zeros_like(x))
+
+
+# ---------------------------------------------------------------- products and sums
+
+
+def dot(a: torch.Tensor, b: torch.Tensor) -> Ball:
+    """``a @ b`` of exact float64 tensors: error ``<= gamma_n |a| |b|`` (``n`` = inner size).
+
+    The bound's matmul adds ``n`` roundings and the scaling by gamma one more.
+    """
+    n = a.shape[-1]
+    return Ball(a @ b, up(gamma(n) * (mag(a) @ mag(b)), n + 1))
+
+
+def matmul(a: Ball, b: torch.Tensor) -> Ball:
+    """``a @ b`` for a ball ``a`` and an exact ``b``.
+
+    ``|A b - fl(a.mid b)| <= a.rad |b| + gamma_n |a.mid| |b| = (gamma_n |a.mid| + a.rad) |b|``;
+    the bound takes 2 roundings element-wise and ``n`` in its matmul.
+    """
+    n = a.mid.shape[-1]
+    return Ball(a.mid @ b, up((gamma(n) * mag(a.mid) + a.rad) @ mag(b), n + 2))
+
+
+def sum_dim(a: Ball, dim: int) -> Ball:
+    """Sum over ``dim`` (kept): error ``<= sum rad + gamma_n sum |mid|``, ``n + 2`` roundings."""
+    n = a.mid.shape[dim]
+    return Ball(a.mid.sum(dim, keepdim=True),
+                up((a.rad + gamma(n) * mag(a.mid)).sum(dim, keepdim=True), n + 2))
+
+
+def add(a: Ball, b: Ball) -> Ball:
+    """``a + b``: rounding ``u |c|`` plus both radii (3 roundings in the bound)."""
+    c = a.mid + b.mid
+    return Ball(c, up(U * mag(c) + a.rad + b.rad, 3))
+
+
+def sub(a: Ball, b: Ball) -> Ball:
+    """``a - b``, as :func:`add`."""
+    c = a.mid - b.mid
+    return Ball(c, up(U * mag(c) + a.rad + b.rad, 3))
+
+
+def sub_exact(a: Ball, t) -> Ball:
+    """``a - t`` for exact ``t`` (a tensor that broadcasts, or a float)."""
+    c = a.mid - t
+    return Ball(c, up(U * mag(c) + a.rad, 2))
+
+
+def rsub_exact(t, a: Ball) -> Ball:
+    """``t - a`` for exact ``t``."""
+    c = t - a.mid
+    return Ball(c, up(U * mag(c) + a.rad, 2))
+
+
+def mul(a: Ball, b: Ball) -> Ball:
+    """``a * b``: ``|ab - fl(a.mid b.mid)| <= u|c| + |a.mid| b.rad + a.rad (|b.mid| + b.rad)``."""
+    c = a.mid * b.mid
+    return Ball(c, up(U * mag(c) + mag(a.mid) * b.rad + a.rad * (mag(b.mid) + b.rad), 5))
+
+
+def mul_exact(a: Ball, t) -> Ball:
+    """``a * t`` for exact ``t`` (tensor or float): ``u |c| + a.rad |t|``."""
+    c = a.mid * t
+    return Ball(c, up(U * mag(c) + a.rad * _mag_any(t), 3))
+
+
+def div_exact(a: Ball, t: float) -> Ball:
+    """``a / t`` for an exact float ``t`` with ``2^-100 <= |t| <= 2^100`` (no underflow of the radius)."""
+    _check_float_range(t)
+    c = a.mid / t
+    return Ball(c, up(U * mag(c) + a.rad / abs(t), 3))
+
+
+def div(a: Ball, b: Ball) -> Ball:
+    """``a / b`` for a ball ``b`` of positive reals with ``2^-100 <= b.mid <= 2^100``.
+
+    With ``lo <= b`` a lower bound: ``|a/b - a.mid/b.mid| <= (a.rad + |a.mid| b.rad / b.mid) / lo``.
+    ``lo = fl(fl(b.mid - b.rad)(1 - 2u)) <= (b.mid - b.rad)(1 + u)(1 - 2u)(1 + u) <= b.mid - b.rad``.
+    A ball ``b`` that reaches 0 gives an infinite radius.
+    """
+    if not bool(((b.mid >= 2.0**-100) & (b.mid <= 2.0**100)).all()):
+        raise OutOfRange("a divisor midpoint is outside [2^-100, 2^100]")
+    c = a.mid / b.mid
+    lo = (b.mid - b.rad) * (1.0 - 2 * U)
+    rad = up(U * mag(c) + (a.rad + mag(a.mid) * b.rad / b.mid) / lo, 6)
+    return Ball(c, torch.where(lo > 0, rad, math.inf))
+
+
+def where(mask: torch.Tensor, a: Ball, other: float = 0.0) -> Ball:
+    """``a`` where ``mask``, the exact value ``other`` elsewhere."""
+    return Ball(torch.where(mask, a.mid, other), torch.where(mask, a.rad, 0.0))
+
+
+def _mag_any(t):
+    return mag(t) if isinstance(t, torch.Tensor) else max(abs(t), FLOOR)
+
+
+def _check_float_range(t: float):
+    if not 2.0**-100 <= abs(t) <= 2.0**100:
+        raise OutOfRange(f"constant {t!r} is outside [2^-100, 2^100]")
+
+
+class OutOfRange(ArithmeticError):
+    """The float64 tier cannot certify this case (the caller moves to the Arb tier)."""
+
+
+# ---------------------------------------------------------------- exp and tanh
+
+# Cody-Waite split of ln 2 (fdlibm's): LN2_HI has 32 significant bits, so k * LN2_HI is
+# exact for |k| < 2^21, and |ln 2 - LN2_HI - LN2_LO| < 2^-86 (tests check both with Arb).
+LN2_HI = 6.93147180369123816490e-01
+LN2_LO = 1.90821492927058770002e-10
+INV_LN2 = 1.4426950408889634  # 1/ln 2, rounded; only used to pick k
+EXP_MIN = -700.0  # e^-700 ~ 2^-1010: below this exp64 returns 0 (the true value is < FLOOR * U)
+EXP_MAX = 709.0  # e^709 < 2^1023
+TAYLOR_DEGREE = 13
+TAYLOR = [1.0 / math.factorial(i) for i in range(TAYLOR_DEGREE + 1)]  # correctly rounded (int division)
+EPS_EXP = 8 * U  # proven relative error bound of exp64 on [EXP_MIN, EXP_MAX]
+EPS_TANH = 8 * U  # proven absolute error bound of tanh64
+
+
+def exp64(x: torch.Tensor) -> torch.Tensor:
+    """``e^x`` in float64 with relative error at most ``EPS_EXP = 8u`` for ``-700 <= x <= 709``.
+
+    Returns 0 below -700 (true value ``< 2^-1009``), inf above 709, NaN for NaN.
+
+    Proof. ``k = round(x / ln 2)``, so ``|x - k ln 2| <= (1/2 + 2^-40) ln 2 < rho = 0.3467``;
+    ``|k| <= 1023``. ``k LN2_HI`` is exact; ``r1 = fl(x - k LN2_HI)`` and ``r = fl(r1 - fl(k LN2_LO))``
+    give ``r = x - k ln 2 + e_r`` with ``|e_r| <= u|r1| + u|k LN2_LO| + u|r| + |k| 2^-86 < 0.71 u``.
+    ``p(r) = sum_{i<=13} c_i r^i`` by Horner (two roundings a step): with ``Y_i`` the exact tails,
+    the computed value differs from ``p(r)`` by at most ``u sum_i rho^i (Y_i + rho Y_{i+1})
+    <= u (e^rho (1 + rho) + rho e^rho) < 2.40 u`` (absolute); rounding the coefficients costs
+    ``u (e^rho - 1 - rho) < 0.07 u``, the Taylor tail ``rho^14/14! e^rho < 0.06 u``. Relative to
+    ``e^r >= e^-rho > 0.707`` that is ``< 3.56 u``; ``e_r`` adds ``< 0.72 u``: total ``< 4.3 u``.
+    Scaling by ``2^k`` is exact (the result is normal: ``>= e^-700 > 2^-1022``). Underflow
+    inside Horner (``|r|`` tiny) loses at most ``13 * 2^-1022`` absolutely, far below ``0.01 u``.
+    """
+    clamped = x.clamp(EXP_MIN, EXP_MAX)
+    k = torch.round(clamped * INV_LN2)
+    r = (clamped - k * LN2_HI) - k * LN2_LO
+    p = torch.full_like(r, TAYLOR[-1])
+    for c in reversed(TAYLOR[:-1]):
+        p = p * r + c
+    y = p * _power_of_two(k)  # exact: the result is a normal float
+    y = torch.where(x < EXP_MIN, 0.0, y)
+    return torch.where(x > EXP_MAX, math.inf, y)
+
+
+def _power_of_two(k: torch.Tensor) -> torch.Tensor:
+    """``2^k`` for integer-valued ``-1022 <= k <= 1023``, built from its bits (no ``pow``)."""
+    return ((k.to(torch.int64) + 1023) << 52).view(torch.float64)
+
+
+def tanh64(x: torch.Tensor) -> torch.Tensor:
+    """``tanh x`` in float64 with absolute error at most ``EPS_TANH = 8u``.
+
+    Proof. ``tanh x = sign(x) (1 - E)/(1 + E)`` with ``E = e^{-2|x|} in (0, 1]``. ``E`` has
+    relative error ``<= 8u`` (:func:`exp64`; below ``e^-700`` it is 0, off by ``< 2^-1009``),
+    and ``|d/dE (1-E)/(1+E)| E = 2E/(1+E)^2 <= 1/2``, so ``<= 4u`` from ``E``; the three roundings
+    of ``1 - E``, ``1 + E`` and the quotient add ``< 3.01 u`` relative to a value ``<= 1``.
+    """
+    e = exp64(-2.0 * x.abs())
+    return torch.copysign((1.0 - e) / (1.0 + e), x)
+
+
+def exp(a: Ball) -> Ball:
+    """``e^a`` for a ball with ``a.rad <= 1`` (larger radii give an infinite radius).
+
+    ``|e^x - E| <= e^{a.mid}(e^{rad} - 1) + |e^{a.mid} - E| <= E (rad (1 + rad) + eps) / (1 - eps)``
+    using ``e^t - 1 <= t + t^2`` for ``t <= 1``; ``1/(1 - eps) <= 1 + 16u`` is charged to
+    :func:`up` as 16 extra roundings. Below ``a.mid = -700``, ``E = 0`` and the true value
+    ``< 2^-1009`` is covered by ``FLOOR * eps``.
+    """
+    e = exp64(a.mid)
+    rad = up(mag(e) * (a.rad * (1.0 + a.rad) + EPS_EXP), 4 + 16)
+    return Ball(e, torch.where(a.rad <= 1.0, rad, math.inf))
+
+
+def tanh(a: Ball) -> Ball:
+    """``tanh a``: tanh is 1-Lipschitz, so ``rad + EPS_TANH`` (one rounding)."""
+    return Ball(tanh64(a.mid), up(a.rad + EPS_TANH, 1))
+
+
+# ---------------------------------------------------------------- plumbing shared with arb_balls
+
+
+def const(value) -> Ball:
+    """A scalar ball from an Arb enclosure computed elsewhere (e.g. ``1/(1-p)``)."""
+    from attnformal.reference.arb_balls import arb_to_float64
+
+    mid, rad = arb_to_float64(value)
+    return Ball(torch.tensor(mid, dtype=torch.float64), torch.tensor(rad, dtype=torch.float64))
+
+
+def transpose(a: Ball) -> Ball:
+    return Ball(a.mid.mT, a.rad.mT)
+
+
+def select(a: Ball, dim: int, index: torch.Tensor) -> Ball:
+    return Ball(a.mid.index_select(dim, index), a.rad.index_select(dim, index))
+
+
+def cat(parts: list[Ball], dim: int) -> Ball:
+    return Ball(torch.cat([p.mid for p in parts], dim), torch.cat([p.rad for p in parts], dim))
+
+
+def mid(a: Ball) -> torch.Tensor:
+    return a.mid
+
+
+def to_arb(a: Ball):
+    """The balls as an object array of ``flint.arb`` (Arb rounds the radius up)."""
+    import numpy as np
+    from flint import arb
+
+    return np.frompyfunc(arb, 2, 1)(a.mid.numpy(), a.rad.numpy())
+
+
+def enclosure_radius(a: Ball) -> float:
+    """The largest radius (NaN counts as infinite)."""
+    if a.rad.numel() == 0:
+        return 0.0
+    return float(torch.nan_to_num(a.rad, nan=math.inf).max())
+
+
+def to_float64(a: Ball) -> tuple[torch.Tensor, torch.Tensor]:
+    return a.mid, a.rad

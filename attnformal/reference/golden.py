@@ -1,0 +1,318 @@
+"""Golden files: seeded inputs, their certified reference outputs and gradients, and a checker.
+
+Format (version 1): one NumPy ``.npz`` archive holding
+
+* ``meta`` -- a JSON string: ``format`` ("attnformal-golden"), ``version`` (1), ``dtype``,
+  ``seed``, ``spec`` (``AttentionSpec.to_json()``), ``generator`` (how the inputs were drawn),
+  ``reference`` (tier, largest enclosure radius, what a radius means) and ``arrays``
+  (shape, dtype and SHA-256 of every array below);
+* inputs as the exact bits of their dtype: ``q_bits``, ``k_bits``, ``v_bits``, ``grad_out_bits``
+  (uint16 for float16/bfloat16, uint32 for float32, uint64 for float64), and the bool
+  ``attn_mask`` / ``dropout_mask`` when the spec has them;
+* reference values in float64 with their radii: ``out``, ``lse``, ``dq``, ``dk``, ``dv`` and
+  ``out_radius`` ... ``dv_radius``: the exact value (for the exact inputs) lies within
+  ``value +- radius``, rigorously (see :mod:`attnformal.reference.certified`).
+
+Inputs: ``q, k, v, grad_out ~ N(0, 1) * input_scale`` rounded to ``dtype``, then the dropout
+keep-mask (``Bernoulli(1 - p)``) and the attention mask (``Bernoulli(density)``), drawn in
+that order from ``torch.Generator().manual_seed(seed)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from attnformal import __version__
+from attnformal.reference.certified import FIELDS, CertifiedResult, certified_attention
+from attnformal.spec import AttentionSpec, SpecError
+
+FORMAT, VERSION = "attnformal-golden", 1
+BITS = {"float16": np.uint16, "bfloat16": np.uint16, "float32": np.uint32, "float64": np.uint64}
+_SIGNED = {np.uint16: torch.int16, np.uint32: torch.int32, np.uint64: torch.int64}
+INPUTS = ("q", "k", "v", "grad_out")
+RADIUS_MEANING = "|exact - value| <= radius for every element, exact = the spec evaluated on the exact input bits"
+
+
+class GoldenError(ValueError):
+    """A golden file that cannot be used; the message names the file and the problem."""
+
+    def __init__(self, path, problem: str):
+        super().__init__(f"golden file {str(path)!r}: {problem}")
+
+
+@dataclass(frozen=True)
+class Golden:
+    """A loaded and validated golden file."""
+
+    path: Path
+    meta: dict
+    spec: AttentionSpec
+    inputs: dict  # q, k, v, grad_out in their dtype
+    reference: dict  # name -> (value, radius), float64
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return getattr(torch, self.meta["dtype"])
+
+    def protocol_kwargs(self) -> dict:
+        """The implementation-protocol keywords of this case (masks included)."""
+        return protocol_kwargs(self.spec)
+
+
+def protocol_kwargs(spec: AttentionSpec) -> dict:
+    """The implementation-protocol keywords that reproduce ``spec`` (with its mask tensors)."""
+    return {"scale": spec.scale, "causal": spec.causal, "window": spec.window,
+            "kv_lens": None if spec.kv_lens is None else list(spec.kv_lens), "softcap": spec.softcap,
+            "dropout_p": spec.dropout_p, "attn_mask": spec.attn_mask, "dropout_mask": spec.dropout_mask}
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def make_inputs(shape, dtype: torch.dtype, seed: int, *, input_scale: float = 1.0, dropout_p: float = 0.0,
+                attn_mask_density: float | None = None) -> dict:
+    """Seeded ``q, k, v, grad_out`` (and masks) for ``shape = (B, Hq, Hkv, Sq, Sk, D, Dv)``."""
+    batch, heads_q, heads_kv, len_q, len_k, head_dim, head_dim_v = shape
+    gen = torch.Generator().manual_seed(seed)
+    sizes = {"q": (batch, heads_q, len_q, head_dim), "k": (batch, heads_kv, len_k, head_dim),
+             "v": (batch, heads_kv, len_k, head_dim_v), "grad_out": (batch, heads_q, len_q, head_dim_v)}
+    x = {name: (torch.randn(size, generator=gen, dtype=torch.float64) * input_scale).to(dtype)
+         for name, size in sizes.items()}
+    full = (batch, heads_q, len_q, len_k)
+    if dropout_p > 0:
+        x["dropout_mask"] = torch.rand(full, generator=gen) >= dropout_p
+    if attn_mask_density is not None:
+        x["attn_mask"] = torch.rand(full, generator=gen) < attn_mask_density
+    return x
+
+
+def default_prec(dtype: torch.dtype) -> int | None:
+    """Arb bits for a dtype's golden file: float64 kernels need radii below float64's own
+    rounding, which the float64 tier (~1e-13 relative) does not give; None = float64 tier."""
+    return 128 if dtype == torch.float64 else None
+
+
+def generate(inputs: dict, *, max_radius=None, prec=None, progress=None, **protocol) -> CertifiedResult:
+    """The certified reference (out, lse, gradients for ``inputs['grad_out']``) of a case."""
+    masks = {name: inputs[name] for name in ("attn_mask", "dropout_mask") if name in inputs}
+    if prec is None and max_radius is None:
+        prec = default_prec(inputs["q"].dtype)
+    return certified_attention(inputs["q"], inputs["k"], inputs["v"], inputs["grad_out"], max_radius=max_radius,
+                               prec=prec, progress=progress, **masks, **protocol)
+
+
+def estimate_seconds(inputs: dict, *, prec=None, **protocol) -> float:
+    """Seconds :func:`generate` will take: time a slice of the case and scale by the pair count.
+
+    The slice is one batch and head, its first 64 rows and 512 keys, with the same head dims,
+    softcap and dropout but no index masks (the work per pair does not depend on them).
+    Returns 0 for a case no larger than the slice.
+    """
+    q, k = inputs["q"], inputs["k"]
+    rows, keys = min(q.shape[2], 64), min(k.shape[2], 512)  # large enough to hide fixed costs
+    pairs = q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2]
+    if pairs <= rows * keys:
+        return 0.0  # the sample would be the whole case: not worth timing twice
+    sample = {"q": q[:1, :1, :rows], "k": k[:1, :1, :keys], "v": inputs["v"][:1, :1, :keys],
+              "grad_out": inputs["grad_out"][:1, :1, :rows]}
+    if "dropout_mask" in inputs:
+        sample["dropout_mask"] = inputs["dropout_mask"][:1, :1, :rows, :keys]
+    sample_protocol = {**protocol, "window": None, "kv_lens": None, "causal": None}
+    if prec is None:
+        prec = default_prec(q.dtype)
+    start = time.perf_counter()
+    generate(sample, prec=prec, **sample_protocol)
+    return (time.perf_counter() - start) * pairs / (rows * keys)
+
+
+# ---------------------------------------------------------------- writing
+
+
+def save(path, inputs: dict, result: CertifiedResult, *, seed: int, generator: dict) -> None:
+    """Write a golden file atomically (a cancelled or failed write leaves no file behind)."""
+    spec = result.spec
+    dtype = str(inputs["q"].dtype).removeprefix("torch.")
+    arrays = {f"{name}_bits": _to_bits(inputs[name]) for name in INPUTS}
+    for name in ("attn_mask", "dropout_mask"):
+        mask = getattr(spec, name)
+        if mask is not None:
+            arrays[name] = mask.cpu().numpy().copy()
+    for name in FIELDS:
+        arrays[name] = getattr(result, name).numpy()
+        arrays[f"{name}_radius"] = getattr(result, f"{name}_radius").numpy()
+    meta = {"format": FORMAT, "version": VERSION, "dtype": dtype, "seed": seed, "spec": spec.to_json(),
+            "generator": generator, "attnformal": __version__,
+            "reference": {"tier": result.tier, "enclosure_radius": result.enclosure_radius,
+                          "radius": RADIUS_MEANING},
+            "arrays": {name: _describe(a) for name, a in arrays.items()}}
+    path = Path(path)
+    partial = path.with_name(path.name + ".partial")
+    try:
+        with open(partial, "wb") as f:
+            np.savez_compressed(f, meta=np.array(json.dumps(meta, sort_keys=True)), **arrays)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _to_bits(t: torch.Tensor) -> np.ndarray:
+    unsigned = BITS[str(t.dtype).removeprefix("torch.")]
+    return t.detach().cpu().contiguous().view(_SIGNED[unsigned]).numpy().view(unsigned)
+
+
+def _from_bits(bits: np.ndarray, dtype: str) -> torch.Tensor:
+    return torch.from_numpy(bits.view(np.dtype(bits.dtype.name.removeprefix("u")))).view(getattr(torch, dtype))
+
+
+def _describe(a: np.ndarray) -> dict:
+    return {"shape": list(a.shape), "dtype": a.dtype.name,
+            "sha256": hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()}
+
+
+# ---------------------------------------------------------------- loading
+
+
+def load(path, *, verify: bool = True) -> Golden:
+    """Read and validate a golden file; any problem raises one :class:`GoldenError`.
+
+    Validation: format and version, every listed array present with its shape, dtype and
+    SHA-256, inputs that form a valid case whose spec equals the stored one, reference
+    shapes and radii; with ``verify`` also a recomputation of out, lse and dQ for two
+    (batch, head) pairs, whose certified balls must overlap the stored ones (this catches a
+    reference that does not belong to the stored spec and inputs).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise GoldenError(path, "no such file")
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            meta = _read_meta(path, archive)
+            arrays = {name: _read_array(path, archive, name, expected, meta["dtype"])
+                      for name, expected in meta["arrays"].items()}
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as err:
+        if isinstance(err, GoldenError):
+            raise
+        raise GoldenError(path, f"not a readable .npz archive, or corrupt ({err})") from None
+    inputs = {name: _from_bits(arrays[f"{name}_bits"], meta["dtype"]) for name in INPUTS}
+    spec = _rebuild_spec(path, meta, inputs, arrays)
+    reference = {name: (torch.from_numpy(arrays[name]), torch.from_numpy(arrays[f"{name}_radius"]))
+                 for name in FIELDS}
+    _check_reference(path, spec, reference)
+    if verify:
+        _verify_sample(path, spec, inputs, reference)
+    return Golden(path=path, meta=meta, spec=spec, inputs=inputs, reference=reference)
+
+
+def _read_meta(path, archive) -> dict:
+    if "meta" not in archive.files:
+        raise GoldenError(path, "no 'meta' entry (not an attnformal golden file)")
+    try:
+        meta = json.loads(str(archive["meta"]))
+    except json.JSONDecodeError as err:
+        raise GoldenError(path, f"'meta' is not valid JSON ({err})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise GoldenError(path, f"'meta' does not declare format {FORMAT!r}")
+    if meta.get("version") != VERSION:
+        raise GoldenError(path, f"format version {meta.get('version')!r}; this attnformal reads version {VERSION}")
+    if meta.get("dtype") not in BITS:
+        raise GoldenError(path, f"dtype {meta.get('dtype')!r} is not one of {sorted(BITS)}")
+    required = [f"{n}_bits" for n in INPUTS] + list(FIELDS) + [f"{n}_radius" for n in FIELDS]
+    listed = meta.get("arrays")
+    missing = [n for n in required if not isinstance(listed, dict) or n not in listed]
+    if missing:
+        raise GoldenError(path, f"'meta' lists no array {missing[0]!r}")
+    absent = [n for n in listed if n not in archive.files]
+    if absent:
+        raise GoldenError(path, f"array {absent[0]!r} is listed in 'meta' but missing from the archive")
+    return meta
+
+
+def _read_array(path, archive, name: str, expected: dict, dtype: str) -> np.ndarray:
+    a = archive[name]
+    if list(a.shape) != expected.get("shape") or a.dtype.name != expected.get("dtype"):
+        raise GoldenError(path, f"array {name!r} is {a.dtype.name}{list(a.shape)}, 'meta' says "
+                                f"{expected.get('dtype')}{expected.get('shape')}")
+    if hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest() != expected.get("sha256"):
+        raise GoldenError(path, f"array {name!r} does not match its SHA-256 in 'meta' (corrupt or edited)")
+    if name.endswith("_bits") and a.dtype != BITS[dtype]:
+        raise GoldenError(path, f"array {name!r} holds {a.dtype.name}, expected the bits of {dtype}")
+    return a
+
+
+def _rebuild_spec(path, meta, inputs, arrays) -> AttentionSpec:
+    stored = meta["spec"]
+    kwargs = {"scale": stored.get("scale"), "causal": stored.get("causal"),
+              "window": None if stored.get("window") is None else tuple(stored["window"]),
+              "kv_lens": stored.get("kv_lens"), "softcap": stored.get("softcap"),
+              "dropout_p": stored.get("dropout_p", 0.0),
+              "attn_mask": _mask(arrays, "attn_mask"), "dropout_mask": _mask(arrays, "dropout_mask")}
+    try:
+        spec = AttentionSpec.from_inputs(inputs["q"], inputs["k"], inputs["v"], **kwargs)
+    except SpecError as err:
+        raise GoldenError(path, f"the stored inputs do not form a valid case ({err})") from None
+    rebuilt = spec.to_json()
+    for key in sorted(set(rebuilt) | set(stored)):
+        if rebuilt.get(key) != stored.get(key):
+            raise GoldenError(path, f"spec field {key!r} in 'meta' is {stored.get(key)!r}, "
+                                    f"but the stored inputs give {rebuilt.get(key)!r}")
+    expected = (spec.batch, spec.heads_q, spec.len_q, spec.head_dim_v)
+    if tuple(inputs["grad_out"].shape) != expected:
+        raise GoldenError(path, f"grad_out has shape {list(inputs['grad_out'].shape)}, expected {list(expected)}")
+    return spec
+
+
+def _mask(arrays, name):
+    return torch.from_numpy(arrays[name]) if name in arrays else None
+
+
+def _check_reference(path, spec: AttentionSpec, reference: dict) -> None:
+    shapes = {"out": (spec.batch, spec.heads_q, spec.len_q, spec.head_dim_v),
+              "lse": (spec.batch, spec.heads_q, spec.len_q),
+              "dq": (spec.batch, spec.heads_q, spec.len_q, spec.head_dim),
+              "dk": (spec.batch, spec.heads_kv, spec.len_k, spec.head_dim),
+              "dv": (spec.batch, spec.heads_kv, spec.len_k, spec.head_dim_v)}
+    for name, (value, radius) in reference.items():
+        if tuple(value.shape) != shapes[name] or tuple(radius.shape) != shapes[name]:
+            raise GoldenError(path, f"reference {name!r} has shape {list(value.shape)}, "
+                                    f"radius {list(radius.shape)}; the spec needs {list(shapes[name])}")
+        if value.dtype != torch.float64 or radius.dtype != torch.float64:
+            raise GoldenError(path, f"reference {name!r} and its radius must be float64")
+        ok_value = torch.isfinite(value) | ((value == -math.inf) & (radius == 0) if name == "lse" else False)
+        if not bool(ok_value.all()) or not bool(((radius >= 0) & torch.isfinite(radius)).all()):
+            raise GoldenError(path, f"reference {name!r} holds a non-finite value or an invalid radius")
+
+
+def _verify_sample(path, spec: AttentionSpec, inputs: dict, reference: dict) -> None:
+    heads = spec.kv_heads()
+    for b, h in sorted({(0, 0), (spec.batch - 1, spec.heads_q - 1)}):
+        if b < 0 or h < 0:
+            continue
+        g = int(heads[h])
+        kwargs = protocol_kwargs(spec)
+        kwargs["kv_lens"] = None if spec.kv_lens is None else [spec.kv_lens[b]]
+        for name in ("attn_mask", "dropout_mask"):
+            if kwargs[name] is not None:
+                kwargs[name] = kwargs[name][b:b + 1, h:h + 1]
+        x = {name: inputs[name][b:b + 1, hh:hh + 1]
+             for name, hh in (("q", h), ("k", g), ("v", g), ("grad_out", h))}
+        fresh = certified_attention(x["q"], x["k"], x["v"], x["grad_out"], **kwargs)
+        for name in ("out", "lse", "dq"):
+            stored, radius = (t[b:b + 1, h:h + 1] for t in reference[name])
+            value, fresh_radius = getattr(fresh, name), getattr(fresh, f"{name}_radius")
+            apart = (stored - value).abs().nan_to_num(nan=0.0) > (radius + fresh_radius) * (1 + 2**-40)
+            if bool(apart.any()):
+                i = tuple(int(n) for n in apart.nonzero()[0])
+                raise GoldenError(path, f"the stored {name} does not match the stored spec and inputs at "
+                                        f"batch {b}, head {h}, index {i[2:]}: stored {float(stored[i]):.17g} "
+                                        f"+- {float(radius[i]):.3g}, recomputed {float(value[i]):.17g} "
+                                        f"+- {float(fresh_radius[i]):.3g}")

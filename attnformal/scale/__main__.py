@@ -1,0 +1,5 @@
+import sys
+
+from attnformal.scale.cli import main
+
+sys.exit(main())

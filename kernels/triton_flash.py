@@ -1,0 +1,655 @@
+"""FlashAttention-2 in Triton, forward and backward, launched from the spec's schedule.
+
+One query block per program in the forward; the host hands every kernel the schedule's
+decisions as small int tables, so the kernels make none of their own:
+
+* block sizes: ``schedule.block_m`` / ``block_n`` become ``BLOCK_M`` / ``BLOCK_N``;
+* loop bounds: the key blocks each (batch, query block, split) visits come from
+  ``schedule.split_ranges`` (the forward) and ``schedule.kv_range`` (dQ); the query blocks
+  each key block meets (dK, dV) are read off the class table, whose non-SKIP tiles are
+  contiguous along the query axis (proven, and checked here before launch);
+* masking: ``schedule.class_table(spec)`` says, per tile, FULL (no element-wise mask) or
+  PARTIAL (apply it); SKIP tiles are never visited.
+
+The forward leaves one softmax state ``(m, l, acc)`` per split-KV part; the host merges
+them with :func:`attnformal.kernels.split_kv.combine` and divides with
+:func:`attnformal.merge.finalize`, so the final division, the log-sum-exp and the
+empty-row rule are the spec's own code. The backward is FlashAttention-2: P is
+recomputed from the saved log-sum-exp, ``D = rowsum(dO * O)``; one kernel walks key blocks
+(dK, dV, summing the query heads of a GQA group in registers, no atomics), one walks
+query blocks (dQ).
+
+Only two pieces of the spec are restated in Triton, because a device language cannot
+call Python: the mask predicate (:func:`_may_attend`, from :mod:`attnformal.masks`) and
+the merge (:func:`_merge`, from :mod:`attnformal.merge`), plus the GQA head map.
+``tests/kernels/test_triton_flash.py`` checks each against the spec's definition.
+
+Precision: scores and all states accumulate in float32 (float64 for float64 inputs).
+As in FlashAttention-2, P and dS are rounded to the input dtype before the P@V, dS@K and
+dS^T@Q products, so fp16/bf16 use tensor cores. fp32 products use ``input_precision=
+"ieee"`` (Triton's default on CUDA is TF32, ~1e-3 relative).
+
+Portability (triton-ascend): only core ``tl`` operations, no libdevice or inline asm;
+mask tiles are loaded as int8 (Ascend A2/A3 loads have no uint8); head dims are padded
+to a power of two in {16, ..., 256}; under ``causal`` the schedule must have
+``block_m >= block_n``. Ascend has no fp64. None of this was run on Ascend hardware.
+
+Interpreter: ``TRITON_INTERPRET=1`` must be set before this module is imported (Triton
+decides at decoration time). The interpreter stores bf16 as raw uint16 and its ``tl.dot``
+multiplies those bit patterns (triton-lang/triton#11584), so under the interpreter bf16
+dot operands are widened to fp32 first. That changes no value: bf16 numbers and their
+products are exact in fp32, so only the fp32 summation order differs from a tensor core.
+"""
+
+from __future__ import annotations
+
+import functools
+
+try:  # first: without triton nothing here can run
+    import triton
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+except ImportError as missing:
+    raise ImportError("attnformal.kernels.triton_flash needs triton: pip install 'attnformal[triton]'") from missing
+
+import torch
+
+from attnformal.kernels.split_kv import combine
+from attnformal.masks import CAUSAL_MODES, MaskGeometry
+from attnformal.merge import SoftmaxState, empty_state, finalize
+from attnformal.schedule import FULL, SKIP, TileSchedule
+from attnformal.spec import AttentionSpec, SpecError
+
+DEFAULT_SCHEDULE = TileSchedule(block_m=128, block_n=64)  # the Triton tutorial's forward tile
+MAX_HEAD_DIM = 256  # the largest head dim triton-ascend's attention supports (pads to {16..256})
+MIN_BLOCK = 16  # tl.dot needs every tile dimension >= 16
+
+# Compile-time constants the kernels compare against, taken from the spec's own encodings.
+FULL_TILE: tl.constexpr = tl.constexpr(FULL)
+NOT_CAUSAL: tl.constexpr = tl.constexpr(CAUSAL_MODES.index(None))
+TOP_LEFT: tl.constexpr = tl.constexpr(CAUSAL_MODES.index("top_left"))
+BOTTOM_RIGHT: tl.constexpr = tl.constexpr(CAUSAL_MODES.index("bottom_right"))
+
+
+# ----------------------------------------------------------------------------------------
+# The spec, restated in Triton (each one checked against its Python definition by a test)
+# ----------------------------------------------------------------------------------------
+
+@triton.jit
+def _may_attend(i, j, len_q, len_k, window_left, window_right, CAUSAL: tl.constexpr):
+    """:func:`attnformal.masks.may_attend`: one key interval ``[lo, hi]`` per query row."""
+    offset = len_k - len_q  # bottom-right alignment: query i lines up with key i + offset
+    lo = tl.zeros_like(i)
+    hi = tl.zeros_like(i) + len_k - 1
+    if CAUSAL == TOP_LEFT:
+        hi = tl.minimum(hi, i)
+    if CAUSAL == BOTTOM_RIGHT:
+        hi = tl.minimum(hi, i + offset)
+    # A negative window bound leaves that side unbounded.
+    lo = tl.where(window_left < 0, lo, tl.maximum(lo, i + offset - window_left))
+    hi = tl.where(window_right < 0, hi, tl.minimum(hi, i + offset + window_right))
+    return (0 <= i) & (i < len_q) & (lo <= j) & (j <= hi)
+
+
+@triton.jit
+def _kv_head_of(h, group):
+    """:func:`attnformal.spec.kv_head_of`: consecutive groups of query heads share a KV head."""
+    return h // group
+
+
+@triton.jit
+def _first_query_head(kv_head, group):
+    """The query heads reading ``kv_head`` are ``first, first + 1, ..., first + group - 1``."""
+    return kv_head * group
+
+
+@triton.jit
+def _finite_shift(m):
+    """:func:`attnformal.merge.finite_shift`: 0 for a row that has seen no key, so exp(-inf - 0) = 0."""
+    return tl.where(m == float("-inf"), 0.0, m)
+
+
+@triton.jit
+def _merge(m_a, l_a, acc_a, m_b, l_b, acc_b):
+    """:func:`attnformal.merge.merge`: the state of the union of two disjoint key sets."""
+    m = tl.maximum(m_a, m_b)
+    shift = _finite_shift(m)
+    alpha = tl.exp(m_a - shift)  # rescales a from its own max to the common one; <= 1
+    beta = tl.exp(m_b - shift)
+    return m, alpha * l_a + beta * l_b, alpha[:, None] * acc_a + beta[:, None] * acc_b
+
+
+# ----------------------------------------------------------------------------------------
+# Tile helpers
+# ----------------------------------------------------------------------------------------
+
+@triton.jit
+def _check_tile(SIZE: tl.constexpr):
+    tl.static_assert(SIZE >= 16, "tl.dot needs tile dimensions >= 16")
+    tl.static_assert((SIZE & (SIZE - 1)) == 0, "tl.arange needs power-of-two tile dimensions")
+
+
+@triton.jit
+def _check_tile_sizes(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                      BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr):
+    _check_tile(BLOCK_M)
+    _check_tile(BLOCK_N)
+    _check_tile(BLOCK_D)
+    _check_tile(BLOCK_DV)
+    tl.static_assert(BLOCK_D <= 256 and BLOCK_DV <= 256, "triton-ascend supports head dims up to 256")
+    tl.static_assert(CAUSAL == NOT_CAUSAL or BLOCK_M >= BLOCK_N,
+                     "triton-ascend's causal attention needs BLOCK_M >= BLOCK_N")
+
+
+@triton.jit
+def _dot(a, b, BF16_VIA_FP32: tl.constexpr):
+    """``a @ b`` accumulated in fp32 (fp64 for fp64 operands); see the module note on bf16."""
+    if BF16_VIA_FP32:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def _load_rows(base, rows, cols, n_rows, n_cols):
+    """A ``[rows, cols]`` tile of a row-major ``[n_rows, n_cols]`` matrix, 0 outside it."""
+    inside = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    return tl.load(base + rows[:, None] * n_cols + cols[None, :], mask=inside, other=0.0)
+
+
+@triton.jit
+def _load_flags(base, rows, cols, stride_i, stride_j, n_rows, n_cols):
+    """A bool tile of an int8 view of a bool ``[Sq, Sk]`` mask with any strides (0: broadcast)."""
+    inside = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    flags = tl.load(base + rows[:, None] * stride_i + cols[None, :] * stride_j, mask=inside, other=0)
+    return flags != 0
+
+
+@triton.jit
+def _tanh(x):
+    """tanh from ``tl.exp`` alone: core Triton has no tanh, and libdevice's is backend-specific.
+
+    ``e = exp(-2|x|)`` lies in (0, 1], so nothing overflows for any x; the result is odd
+    by construction. Its absolute error is a few ulp of 1, which is what the softmax sees.
+    """
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def _tile_scores(q, k, rows, cols, tile_class, scale, softcap, seq_q, len_k, seq_k, window_left, window_right,
+                 mask_base, mask_si, mask_sj, CAUSAL: tl.constexpr, HAS_ATTN_MASK: tl.constexpr,
+                 HAS_SOFTCAP: tl.constexpr, BF16_VIA_FP32: tl.constexpr):
+    """:func:`attnformal.tile.tile_scores`: ``(s, slope)`` of a tile, masked only if it is not FULL.
+
+    ``s = scale q k^T``, capped, then -inf where the index rule or the explicit mask forbids;
+    ``slope`` is the softcap's derivative ``1 - tanh^2``, from the unmasked scores (1 without).
+    """
+    s = _dot(q, tl.trans(k), BF16_VIA_FP32) * scale
+    slope = 1.0
+    if HAS_SOFTCAP:
+        s = softcap * _tanh(s / softcap)
+        slope = 1.0 - (s / softcap) * (s / softcap)
+    if tile_class != FULL_TILE:
+        allowed = _may_attend(rows[:, None], cols[None, :], seq_q, len_k, window_left, window_right, CAUSAL)
+        if HAS_ATTN_MASK:
+            allowed = allowed & _load_flags(mask_base, rows, cols, mask_si, mask_sj, seq_q, seq_k)
+        s = tl.where(allowed, s, float("-inf"))
+    return s, slope
+
+
+@triton.jit
+def _load_scalars(SCALARS):
+    """The float parameters, stored in the state dtype: ``(scale, softcap, 1/(1-p))``."""
+    return tl.load(SCALARS + 0), tl.load(SCALARS + 1), tl.load(SCALARS + 2)
+
+
+@triton.jit
+def _load_query_rows(Q, DO, LSE, DELTA, bh, rows, dims, dims_v, seq_q, head_dim, head_dim_v):
+    """What the backward needs of a block of query rows: q, dO, lse and D (0 past the end)."""
+    q = _load_rows(Q + bh * seq_q * head_dim, rows, dims, seq_q, head_dim)
+    do = _load_rows(DO + bh * seq_q * head_dim_v, rows, dims_v, seq_q, head_dim_v)
+    stats = bh * seq_q + rows
+    lse = tl.load(LSE + stats, mask=rows < seq_q, other=0.0)
+    delta = tl.load(DELTA + stats, mask=rows < seq_q, other=0.0)
+    return q, do, lse, delta
+
+
+@triton.jit
+def _keep_weights(keep_base, rows, cols, keep_si, keep_sj, seq_q, seq_k, keep_scale):
+    """Dropout weights of a tile: ``1/(1-p)`` where the replayed keep-mask is True, else 0."""
+    return tl.where(_load_flags(keep_base, rows, cols, keep_si, keep_sj, seq_q, seq_k), keep_scale, 0.0)
+
+
+# ----------------------------------------------------------------------------------------
+# Forward: one program per (query block, split, batch x query head)
+# ----------------------------------------------------------------------------------------
+
+@triton.jit
+def _attn_fwd(
+    Q, K, V, M_PART, L_PART, ACC_PART,  # q, k, v contiguous [B, H, S, D]; partial states [splits, B, Hq, Sq(, Dv)]
+    KV_LENS, CLASSES, KV_SPLITS, SCALARS,  # [B]; [B, nM, nN]; [B, nM, splits, 2]; (scale, softcap, 1/(1-p))
+    ATTN_MASK, mask_sb, mask_sh, mask_si, mask_sj,  # int8 view of the explicit mask and its strides
+    KEEP, keep_sb, keep_sh, keep_si, keep_sj,  # int8 view of the dropout keep-mask and its strides
+    batch, heads_q, group, seq_q, seq_k, head_dim, head_dim_v, num_q_blocks, num_kv_blocks, num_splits,
+    window_left, window_right,
+    CAUSAL: tl.constexpr, HAS_ATTN_MASK: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    BF16_VIA_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+):
+    _check_tile_sizes(BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, CAUSAL)
+    bm = tl.program_id(0)
+    split = tl.program_id(1)
+    bh = tl.program_id(2).to(tl.int64)  # 64-bit offsets: B*H*S*D may pass 2**31
+    b = bh // heads_q
+    h = bh % heads_q
+    kv_bh = b * (heads_q // group) + _kv_head_of(h, group)
+    len_k = tl.load(KV_LENS + b)  # this batch's key length: keys past it are padding
+    scale, softcap, keep_scale = _load_scalars(SCALARS)
+
+    rows = bm * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    dims_v = tl.arange(0, BLOCK_DV)
+    q = _load_rows(Q + bh * seq_q * head_dim, rows, dims, seq_q, head_dim)
+    k_base = K + kv_bh * seq_k * head_dim
+    v_base = V + kv_bh * seq_k * head_dim_v
+    mask_base = ATTN_MASK + b * mask_sb + h * mask_sh
+    keep_base = KEEP + b * keep_sb + h * keep_sh
+    class_row = CLASSES + (b * num_q_blocks + bm) * num_kv_blocks
+    split_range = KV_SPLITS + ((b * num_q_blocks + bm) * num_splits + split) * 2
+
+    # The empty state (merge's identity): m = -inf, l = 0, acc = 0.
+    m_i = tl.full([BLOCK_M], float("-inf"), M_PART.dtype.element_ty)
+    l_i = tl.zeros([BLOCK_M], M_PART.dtype.element_ty)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], M_PART.dtype.element_ty)
+    for bn in range(tl.load(split_range), tl.load(split_range + 1)):
+        cols = bn * BLOCK_N + tl.arange(0, BLOCK_N)
+        k = _load_rows(k_base, cols, dims, seq_k, head_dim)
+        v = _load_rows(v_base, cols, dims_v, seq_k, head_dim_v)
+        # -- scores; the element-wise mask only where the schedule says PARTIAL
+        s, _ = _tile_scores(q, k, rows, cols, tl.load(class_row + bn), scale, softcap, seq_q, len_k, seq_k,
+                            window_left, window_right, mask_base, mask_si, mask_sj,
+                            CAUSAL, HAS_ATTN_MASK, HAS_SOFTCAP, BF16_VIA_FP32)
+        # -- the tile's own state (attnformal.merge.block_state); dropout after the denominator
+        m_ij = tl.max(s, 1)
+        p = tl.exp(s - _finite_shift(m_ij)[:, None])
+        l_ij = tl.sum(p, 1)
+        if HAS_KEEP:
+            p = p * _keep_weights(keep_base, rows, cols, keep_si, keep_sj, seq_q, seq_k, keep_scale)
+        acc_ij = _dot(p.to(v.dtype), v, BF16_VIA_FP32)
+        # -- fold it into the running state
+        m_i, l_i, acc = _merge(m_i, l_i, acc, m_ij, l_ij, acc_ij)
+
+    state_rows = ((split * batch + b) * heads_q + h) * seq_q + rows
+    in_rows = rows < seq_q
+    tl.store(M_PART + state_rows, m_i, mask=in_rows)
+    tl.store(L_PART + state_rows, l_i, mask=in_rows)
+    tl.store(ACC_PART + state_rows[:, None] * head_dim_v + dims_v[None, :], acc,
+             mask=in_rows[:, None] & (dims_v[None, :] < head_dim_v))
+
+
+# ----------------------------------------------------------------------------------------
+# Backward (FlashAttention-2): P from the saved lse, dS = P * (dP - D)
+# ----------------------------------------------------------------------------------------
+
+@triton.jit
+def _tile_grads(q, k, v, do, lse, delta, rows, cols, tile_class, len_k, seq_q, seq_k,
+                window_left, window_right, mask_base, mask_si, mask_sj, keep_base, keep_si, keep_sj,
+                scale, softcap, keep_scale,
+                CAUSAL: tl.constexpr, HAS_ATTN_MASK: tl.constexpr, HAS_KEEP: tl.constexpr,
+                HAS_SOFTCAP: tl.constexpr, BF16_VIA_FP32: tl.constexpr):
+    """``(P * weights, dS / scale)`` of one tile, as :func:`attnformal.tile.tile_grads` forms them."""
+    s, slope = _tile_scores(q, k, rows, cols, tile_class, scale, softcap, seq_q, len_k, seq_k,
+                            window_left, window_right, mask_base, mask_si, mask_sj,
+                            CAUSAL, HAS_ATTN_MASK, HAS_SOFTCAP, BF16_VIA_FP32)
+    p = tl.exp(s - _finite_shift(lse)[:, None])  # 0 on masked keys and on empty rows
+    dp = _dot(do, tl.trans(v), BF16_VIA_FP32)
+    p_kept = p
+    if HAS_KEEP:
+        weights = _keep_weights(keep_base, rows, cols, keep_si, keep_sj, seq_q, seq_k, keep_scale)
+        p_kept = p * weights
+        dp = dp * weights
+    ds = p * (dp - delta[:, None]) * slope
+    return p_kept, ds
+
+
+@triton.jit
+def _attn_bwd_dkdv(
+    Q, K, V, DO, LSE, DELTA, DK, DV,  # contiguous [B, H, S, D]; LSE, DELTA [B, Hq, Sq]
+    KV_LENS, CLASSES, Q_RANGES, SCALARS,  # [B]; [B, nM, nN]; [B, nN, 2]; (scale, softcap, 1/(1-p))
+    ATTN_MASK, mask_sb, mask_sh, mask_si, mask_sj,
+    KEEP, keep_sb, keep_sh, keep_si, keep_sj,
+    heads_q, group, seq_q, seq_k, head_dim, head_dim_v, num_q_blocks, num_kv_blocks,
+    window_left, window_right,
+    CAUSAL: tl.constexpr, HAS_ATTN_MASK: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    BF16_VIA_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+):
+    """dK, dV of one key block of one KV head: the sum over the query heads of its group."""
+    _check_tile_sizes(BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, CAUSAL)
+    bn = tl.program_id(0)
+    bhk = tl.program_id(1).to(tl.int64)
+    heads_kv = heads_q // group
+    b = bhk // heads_kv
+    kv_head = bhk % heads_kv
+    len_k = tl.load(KV_LENS + b)
+    scale, softcap, keep_scale = _load_scalars(SCALARS)
+
+    cols = bn * BLOCK_N + tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, BLOCK_D)
+    dims_v = tl.arange(0, BLOCK_DV)
+    k = _load_rows(K + bhk * seq_k * head_dim, cols, dims, seq_k, head_dim)
+    v = _load_rows(V + bhk * seq_k * head_dim_v, cols, dims_v, seq_k, head_dim_v)
+    q_range = Q_RANGES + (b * num_kv_blocks + bn) * 2
+    q_start = tl.load(q_range)
+    q_stop = tl.load(q_range + 1)
+
+    dk = tl.zeros([BLOCK_N, BLOCK_D], LSE.dtype.element_ty)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], LSE.dtype.element_ty)
+    first_head = _first_query_head(kv_head, group)
+    for g in range(group):
+        h = first_head + g
+        bh = b * heads_q + h
+        mask_base = ATTN_MASK + b * mask_sb + h * mask_sh
+        keep_base = KEEP + b * keep_sb + h * keep_sh
+        for bm in range(q_start, q_stop):
+            rows = bm * BLOCK_M + tl.arange(0, BLOCK_M)
+            q, do, lse, delta = _load_query_rows(Q, DO, LSE, DELTA, bh, rows, dims, dims_v, seq_q, head_dim,
+                                                 head_dim_v)
+            tile_class = tl.load(CLASSES + (b * num_q_blocks + bm) * num_kv_blocks + bn)
+            p_kept, ds = _tile_grads(q, k, v, do, lse, delta, rows, cols, tile_class, len_k, seq_q, seq_k,
+                                     window_left, window_right, mask_base, mask_si, mask_sj,
+                                     keep_base, keep_si, keep_sj, scale, softcap, keep_scale,
+                                     CAUSAL, HAS_ATTN_MASK, HAS_KEEP, HAS_SOFTCAP, BF16_VIA_FP32)
+            dv += _dot(tl.trans(p_kept.to(do.dtype)), do, BF16_VIA_FP32)
+            dk += _dot(tl.trans(ds.to(q.dtype)), q, BF16_VIA_FP32)
+
+    in_cols = cols[:, None] < seq_k
+    out_rows = bhk * seq_k + cols[:, None]
+    tl.store(DK + out_rows * head_dim + dims[None, :], (dk * scale).to(DK.dtype.element_ty),
+             mask=in_cols & (dims[None, :] < head_dim))
+    tl.store(DV + out_rows * head_dim_v + dims_v[None, :], dv.to(DV.dtype.element_ty),
+             mask=in_cols & (dims_v[None, :] < head_dim_v))
+
+
+@triton.jit
+def _attn_bwd_dq(
+    Q, K, V, DO, LSE, DELTA, DQ,
+    KV_LENS, CLASSES, KV_RANGES, SCALARS,  # [B]; [B, nM, nN]; [B, nM, 2]; (scale, softcap, 1/(1-p))
+    ATTN_MASK, mask_sb, mask_sh, mask_si, mask_sj,
+    KEEP, keep_sb, keep_sh, keep_si, keep_sj,
+    heads_q, group, seq_q, seq_k, head_dim, head_dim_v, num_q_blocks, num_kv_blocks,
+    window_left, window_right,
+    CAUSAL: tl.constexpr, HAS_ATTN_MASK: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    BF16_VIA_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+):
+    """dQ of one query block of one query head, over the key blocks the schedule visits."""
+    _check_tile_sizes(BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, CAUSAL)
+    bm = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // heads_q
+    h = bh % heads_q
+    kv_bh = b * (heads_q // group) + _kv_head_of(h, group)
+    len_k = tl.load(KV_LENS + b)
+    scale, softcap, keep_scale = _load_scalars(SCALARS)
+
+    rows = bm * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    dims_v = tl.arange(0, BLOCK_DV)
+    q, do, lse, delta = _load_query_rows(Q, DO, LSE, DELTA, bh, rows, dims, dims_v, seq_q, head_dim, head_dim_v)
+    k_base = K + kv_bh * seq_k * head_dim
+    v_base = V + kv_bh * seq_k * head_dim_v
+    mask_base = ATTN_MASK + b * mask_sb + h * mask_sh
+    keep_base = KEEP + b * keep_sb + h * keep_sh
+    class_row = CLASSES + (b * num_q_blocks + bm) * num_kv_blocks
+    kv_range = KV_RANGES + (b * num_q_blocks + bm) * 2
+
+    dq = tl.zeros([BLOCK_M, BLOCK_D], LSE.dtype.element_ty)
+    for bn in range(tl.load(kv_range), tl.load(kv_range + 1)):
+        cols = bn * BLOCK_N + tl.arange(0, BLOCK_N)
+        k = _load_rows(k_base, cols, dims, seq_k, head_dim)
+        v = _load_rows(v_base, cols, dims_v, seq_k, head_dim_v)
+        _, ds = _tile_grads(q, k, v, do, lse, delta, rows, cols, tl.load(class_row + bn), len_k, seq_q, seq_k,
+                            window_left, window_right, mask_base, mask_si, mask_sj,
+                            keep_base, keep_si, keep_sj, scale, softcap, keep_scale,
+                            CAUSAL, HAS_ATTN_MASK, HAS_KEEP, HAS_SOFTCAP, BF16_VIA_FP32)
+        dq += _dot(ds.to(k.dtype), k, BF16_VIA_FP32)
+
+    tl.store(DQ + (bh * seq_q + rows)[:, None] * head_dim + dims[None, :], (dq * scale).to(DQ.dtype.element_ty),
+             mask=(rows[:, None] < seq_q) & (dims[None, :] < head_dim))
+
+
+# ----------------------------------------------------------------------------------------
+# Host side: validation, the schedule's tables, launches
+# ----------------------------------------------------------------------------------------
+
+def attention(q, k, v, *, scale=None, causal=None, window=None, attn_mask=None, kv_lens=None,
+              softcap=None, dropout_p=0.0, dropout_mask=None, return_lse=False, schedule=None):
+    """The implementation protocol, computed by the Triton kernels from ``schedule``.
+
+    Returns ``out`` ``[B, Hq, Sq, Dv]`` in the input dtype, and with ``return_lse`` also
+    ``lse`` ``[B, Hq, Sq]`` (float32; float64 for float64 inputs). Differentiable.
+    """
+    spec = AttentionSpec.from_inputs(q, k, v, scale=scale, causal=causal, window=window,
+                                     attn_mask=attn_mask, kv_lens=kv_lens, softcap=softcap,
+                                     dropout_p=dropout_p, dropout_mask=dropout_mask)
+    if spec.dropout_p > 0 and spec.dropout_mask is None:
+        raise NotImplementedError("triton_flash draws no dropout mask of its own: pass dropout_mask to replay")
+    schedule = DEFAULT_SCHEDULE if schedule is None else schedule
+    _check_launchable(spec, schedule, q)
+    out, lse = _FlashAttention.apply(q, k, v, spec, schedule)
+    return (out, lse) if return_lse else out
+
+
+def _check_launchable(spec: AttentionSpec, schedule: TileSchedule, q):
+    """What these kernels need beyond a valid spec; one error naming the argument otherwise."""
+    if not isinstance(schedule, TileSchedule):
+        raise SpecError("schedule", "a TileSchedule or None", type(schedule).__name__)
+    for name in ("block_m", "block_n"):
+        size = getattr(schedule, name)
+        if size < MIN_BLOCK or size & (size - 1):
+            raise SpecError("schedule", f"{name} a power of two >= {MIN_BLOCK} (Triton tile sizes)",
+                            f"{name}={size}")
+    if spec.causal is not None and schedule.block_m < schedule.block_n:
+        raise SpecError("schedule", "block_m >= block_n when causal is set (triton-ascend's causal attention)",
+                        f"block_m={schedule.block_m}, block_n={schedule.block_n}")
+    for name, dim in (("q", spec.head_dim), ("v", spec.head_dim_v)):
+        if dim > MAX_HEAD_DIM:
+            raise NotImplementedError(f"triton_flash: argument '{name}': head dim {dim} > {MAX_HEAD_DIM} "
+                                      "is not supported (triton-ascend's limit)")
+    if q.device.type == "npu" and q.dtype == torch.float64:
+        raise NotImplementedError("triton_flash: argument 'q': Ascend NPUs have no float64")
+    if q.device.type == "cpu" and not _INTERPRETED:
+        raise RuntimeError("triton_flash: CPU tensors run only under the Triton interpreter: set "
+                           "TRITON_INTERPRET=1 before importing attnformal.kernels.triton_flash")
+
+
+def _state_dtype(dtype):
+    """Accumulation dtype: float64 stays float64, everything else accumulates in float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+class _IndexGeometry:
+    """A spec as a cache key: equal when everything the schedule's tables read is equal.
+
+    ``AttentionSpec`` equality ignores ``attn_mask``, but its presence decides FULL tiles,
+    so it is part of this key.
+    """
+
+    def __init__(self, spec: AttentionSpec):
+        self.spec = spec
+        self.key = (spec.batch, spec.len_q, spec.len_k, spec.causal, spec.window, spec.kv_lens,
+                    spec.attn_mask is not None)
+
+    def __eq__(self, other):
+        return self.key == other.key
+
+    def __hash__(self):
+        return hash(self.key)
+
+
+@functools.lru_cache(maxsize=64)
+def _schedule_tables(schedule: TileSchedule, geometry: _IndexGeometry, device):
+    """The schedule, evaluated once per geometry (in Python, query block by query block).
+
+    ``classes [B, nM, nN]``, ``q_ranges [B, nN, 2]`` (dK/dV loops), ``kv_ranges [B, nM, 2]``
+    (dQ loops), ``kv_splits [B, nM, splits, 2]`` (forward loops) and ``kv_lens [B]``.
+    """
+    spec = geometry.spec
+    classes = schedule.class_table(spec).to(torch.int32).contiguous()
+    lens = spec.kv_lens if spec.kv_lens is not None else (spec.len_k,) * spec.batch
+    per_length = {n: _block_ranges(schedule, spec.geometry(b)) for b, n in enumerate(lens)}
+    tables = (classes, _q_block_ranges(classes), torch.stack([per_length[n][0] for n in lens]),
+              torch.stack([per_length[n][1] for n in lens]), torch.tensor(lens, dtype=torch.int32))
+    return tuple(t.to(device) for t in tables)
+
+
+def _block_ranges(schedule: TileSchedule, g: MaskGeometry):
+    """One geometry's loop bounds: kv ranges ``[nM, 2]`` and split ranges ``[nM, splits, 2]``."""
+    blocks = range(schedule.num_q_blocks(g))
+    kv = [[r.start, r.stop] for r in (schedule.kv_range(bm, g) for bm in blocks)]
+    splits = [[[r.start, r.stop] for r in schedule.split_ranges(bm, g)] for bm in blocks]
+    return (torch.tensor(kv, dtype=torch.int32).reshape(len(blocks), 2),
+            torch.tensor(splits, dtype=torch.int32).reshape(len(blocks), schedule.num_splits, 2))
+
+
+def _q_block_ranges(classes):
+    """``[B, nN, 2]``: per key block, the query blocks whose tile with it is not SKIP.
+
+    They must be contiguous for the dK/dV loop; the prover shows they are for the spec's
+    masks, and a hand-made class table that breaks this is refused here.
+    """
+    visited = classes != SKIP
+    bm = torch.arange(classes.shape[1])[None, :, None]
+    count = visited.sum(1)
+    start = torch.where(visited, bm, classes.shape[1]).amin(1)
+    stop = torch.where(visited, bm + 1, 0).amax(1)
+    if bool(((stop - start != count) & (count > 0)).any()):
+        raise ValueError("schedule.class_table: the non-SKIP tiles of a key block are not contiguous in bm")
+    return torch.stack([torch.where(count > 0, start, 0), torch.where(count > 0, stop, 0)], -1).to(torch.int32)
+
+
+class _Launch:
+    """Everything the three kernels share: the schedule's tables, masks, scalars, sizes."""
+
+    def __init__(self, spec: AttentionSpec, schedule: TileSchedule, q):
+        device = q.device
+        self.spec, self.schedule = spec, schedule
+        self.state_dtype = _state_dtype(q.dtype)
+        classes, self.q_ranges, self.kv_ranges, self.kv_splits, kv_lens = _schedule_tables(
+            schedule, _IndexGeometry(spec), device)
+        self.num_q_blocks, self.num_kv_blocks = classes.shape[1:]
+        window_left, window_right = _window_args(spec.window, spec.len_q + spec.len_k)
+        self.args = dict(
+            CLASSES=classes, KV_LENS=kv_lens,
+            SCALARS=torch.tensor([spec.scale, spec.softcap or 1.0, 1.0 / (1.0 - spec.dropout_p)],
+                                 dtype=self.state_dtype, device=device),  # Python floats would travel as fp32
+            **_flags_args("ATTN_MASK", "mask", spec.attn_mask, device),
+            **_flags_args("KEEP", "keep", spec.dropout_mask, device),
+            heads_q=spec.heads_q, group=spec.group, seq_q=spec.len_q, seq_k=spec.len_k,
+            head_dim=spec.head_dim, head_dim_v=spec.head_dim_v,
+            num_q_blocks=self.num_q_blocks, num_kv_blocks=self.num_kv_blocks,
+            window_left=window_left, window_right=window_right,
+            CAUSAL=CAUSAL_MODES.index(spec.causal),
+            HAS_ATTN_MASK=spec.attn_mask is not None, HAS_KEEP=spec.dropout_mask is not None,
+            HAS_SOFTCAP=spec.softcap is not None,
+            BF16_VIA_FP32=_INTERPRETED and q.dtype == torch.bfloat16,
+            BLOCK_M=schedule.block_m, BLOCK_N=schedule.block_n,
+            BLOCK_D=_padded(spec.head_dim), BLOCK_DV=_padded(spec.head_dim_v),
+        )
+
+    def forward(self, q, k, v):
+        spec, splits = self.spec, self.schedule.num_splits
+        # Each split starts as merge's identity; the kernel overwrites every real row.
+        parts = empty_state((splits, spec.batch, spec.heads_q, spec.len_q), spec.head_dim_v,
+                            dtype=self.state_dtype, device=q.device)
+        grid = (self.num_q_blocks, splits, spec.batch * spec.heads_q)
+        if _nonempty(grid):
+            _attn_fwd[grid](q, k, v, *parts, KV_SPLITS=self.kv_splits, batch=spec.batch, num_splits=splits,
+                            num_warps=_num_warps(self.schedule.block_m), **self.args)
+        return finalize(combine([SoftmaxState(*(t[s] for t in parts)) for s in range(splits)]))
+
+    def backward(self, q, k, v, do, lse, delta):
+        spec = self.spec
+        dq, dk, dv = (torch.zeros_like(t) for t in (q, k, v))
+        grid = (self.num_kv_blocks, spec.batch * spec.heads_kv)
+        if _nonempty(grid):
+            _attn_bwd_dkdv[grid](q, k, v, do, lse, delta, dk, dv, Q_RANGES=self.q_ranges,
+                                 num_warps=_num_warps(self.schedule.block_n), **self.args)
+        grid = (self.num_q_blocks, spec.batch * spec.heads_q)
+        if _nonempty(grid):
+            _attn_bwd_dq[grid](q, k, v, do, lse, delta, dq, KV_RANGES=self.kv_ranges,
+                               num_warps=_num_warps(self.schedule.block_m), **self.args)
+        return dq, dk, dv
+
+
+def _num_warps(rows):
+    """8 warps for tiles of 128+ rows, else 4 (Triton's default): a 128 x 128 fp32 accumulator
+    is 128 registers per thread at 4 warps, before the operands."""
+    return 8 if rows >= 128 else 4
+
+
+def _window_args(window, reach):
+    """The window as the kernels take it: -1 for an unbounded side, other bounds at most ``reach``.
+
+    With ``reach = Sq + Sk`` a larger bound excludes no key either, so clamping keeps
+    ``i + offset + right`` inside int32 without changing the mask.
+    """
+    if window is None:
+        return -1, -1
+    return tuple(-1 if bound < 0 else min(bound, reach) for bound in window)
+
+
+def _flags_args(name, prefix, mask, device):
+    """A bool mask as the kernels take it: an int8 view (same strides) and its four strides."""
+    if mask is None:
+        view, strides = torch.zeros(1, dtype=torch.int8, device=device), (0, 0, 0, 0)
+    else:
+        view, strides = mask.view(torch.int8), mask.stride()
+    return {name: view, **{f"{prefix}_s{axis}": stride for axis, stride in zip("bhij", strides)}}
+
+
+def _padded(dim):
+    """Head dims travel padded to a power of two >= 16 (masked loads fill the padding with 0)."""
+    return max(MIN_BLOCK, triton.next_power_of_2(dim))
+
+
+def _nonempty(grid):
+    return all(n > 0 for n in grid)
+
+
+class _FlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, spec, schedule):
+        ctx.set_materialize_grads(False)
+        ctx.launch = None
+        if q.numel() == 0:  # no query rows: nothing attends, every gradient is zero
+            ctx.save_for_backward(q, k, v)
+            shape = (spec.batch, spec.heads_q, spec.len_q)
+            return q.new_zeros(*shape, spec.head_dim_v), q.new_empty(shape, dtype=_state_dtype(q.dtype))
+        q, k, v = (t.contiguous() for t in (q, k, v))
+        ctx.launch = _Launch(spec, schedule, q)
+        out, lse = ctx.launch.forward(q, k, v)
+        out, lse = out.to(q.dtype), lse.squeeze(-1)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        if ctx.launch is None:
+            return (*(torch.zeros_like(t) for t in ctx.saved_tensors), None, None)
+        q, k, v, out, lse = ctx.saved_tensors
+        state_dtype = ctx.launch.state_dtype
+        if grad_out is None:
+            grad_out = torch.zeros_like(out)
+        delta = (grad_out.to(state_dtype) * out.to(state_dtype)).sum(-1)  # D = rowsum(dO * O)
+        if grad_lse is not None:
+            # d lse / d s_j = P_j, so dS = P (dP - D) + P g = P (dP - (D - g)): fold g into D.
+            delta = delta - grad_lse.to(state_dtype)
+        dq, dk, dv = ctx.launch.backward(q, k, v, grad_out.contiguous(), lse.contiguous(), delta.contiguous())
+        return dq, dk, dv, None, None
+
+
+_INTERPRETED = isinstance(_attn_fwd, InterpretedFunction)

@@ -1,0 +1,185 @@
+"""Golden files: round trip, validation of damaged files, and the CLI (generate, check, cancel)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+from attnformal.reference import golden
+from attnformal.reference.__main__ import main
+from attnformal.reference.check import compare, ulp
+
+BROKEN_IMPL = '''
+from attnformal.kernels.torch_tiled import attention
+
+def off_by_one_window(q, k, v, *, window=None, **kwargs):
+    """A kernel bug: the left window edge is one key too narrow."""
+    return attention(q, k, v, window=(window[0] - 1, window[1]), **kwargs)
+'''
+
+
+@pytest.fixture(scope="module")
+def small_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("golden") / "small.npz"
+    argv = ["generate", "--shape", "2,4,2,37,45,16,8", "--dtype", "bf16", "--causal", "bottom_right",
+            "--window", "20,3", "--kv-lens", "45,30", "--softcap", "15", "--dropout-p", "0.2",
+            "--attn-mask-density", "0.9", "--seed", "5", "--out", str(path)]
+    assert main(argv) == 0
+    return path
+
+
+def test_round_trip_keeps_the_exact_bits_and_the_reference(small_file):
+    case = golden.load(small_file)
+    x = golden.make_inputs((2, 4, 2, 37, 45, 16, 8), torch.bfloat16, 5, dropout_p=0.2, attn_mask_density=0.9)
+    for name in golden.INPUTS:
+        assert torch.equal(case.inputs[name].view(torch.int16), x[name].view(torch.int16))
+    kwargs = case.protocol_kwargs()
+    assert torch.equal(kwargs["dropout_mask"], x["dropout_mask"]) and torch.equal(kwargs["attn_mask"], x["attn_mask"])
+    fresh = golden.generate(x, **{k: v for k, v in kwargs.items() if k not in ("attn_mask", "dropout_mask")})
+    for name in ("out", "lse", "dq", "dk", "dv"):
+        value, radius = case.reference[name]
+        assert torch.equal(value, getattr(fresh, name)) and torch.equal(radius, getattr(fresh, f"{name}_radius"))
+    assert case.meta["reference"]["tier"] == "float64" and case.spec.window == (20, 3)
+
+
+def test_check_passes_a_correct_kernel_and_fails_a_broken_one(small_file, tmp_path, capsys):
+    assert main(["check", str(small_file), "--impl", "attnformal.kernels.torch_tiled:attention"]) == 0
+    good = capsys.readouterr().out
+    assert good.strip().endswith("PASS") and "out    bfloat16" in good
+    broken = tmp_path / "broken.py"
+    broken.write_text(BROKEN_IMPL)
+    assert main(["check", str(small_file), "--impl", f"{broken}:off_by_one_window"]) == 1
+    report = capsys.readouterr().out
+    assert report.strip().endswith("FAIL")
+    failing_out = next(line for line in report.splitlines() if line.startswith("out "))
+    assert not failing_out.endswith(" 0/23680")  # out has failing elements, counted
+
+
+def test_errors_are_reported_in_ulps_and_against_the_tolerance():
+    ref = torch.tensor([1.0, 3.0, float("-inf"), 0.0], dtype=torch.float64)
+    value = torch.tensor([1.0 + 2**-7, 3.0, float("-inf"), 2.0**-20], dtype=torch.bfloat16)
+    zero = torch.zeros(4, dtype=torch.float64)
+    strict = compare("x", value, ref, zero, rtol=0.0, atol=0.0)
+    assert strict.failing == 2 and strict.worst_ratio == float("inf")  # -inf against -inf is exact
+    assert strict.max_ulps == 128.0 and strict.max_ulps_at == (3,)  # in ulps of the value 2^-20 itself
+    assert compare("x", value[:1], ref[:1], zero[:1]).max_ulps == 1.0  # 1 + 2^-7: one bfloat16 ulp above 1
+    allowed = compare("x", value, ref, zero, rtol=2.0**-7, atol=2.0**-21)  # atol counts in units of max|ref| = 3
+    assert allowed.failing == 0 and 0.9 < allowed.worst_ratio < 1
+    assert compare("x", value, ref, zero + 2.0**-7, rtol=0.0, atol=2.0**-21).failing == 0  # the golden radius counts
+    assert float(ulp(torch.tensor([3.0], dtype=torch.float64), torch.float32)) == 2.0**-22
+
+
+def damaged(path, tmp_path, how):
+    out = tmp_path / f"{how}.npz"
+    data = path.read_bytes()
+    if how == "truncated":
+        out.write_bytes(data[: len(data) // 2])
+    elif how == "flipped_byte":
+        raw = bytearray(data)
+        raw[len(raw) // 3] ^= 0xFF
+        out.write_bytes(bytes(raw))
+    else:
+        with np.load(path) as archive:
+            arrays = {name: archive[name] for name in archive.files}
+        meta = json.loads(str(arrays.pop("meta")))
+        if how == "edited_value":
+            arrays["out"] = arrays["out"].copy()
+            arrays["out"][0, 0, 0, 0] += 1e-3
+        elif how == "mismatching_spec":
+            meta["spec"]["window"] = [21, 3]
+        elif how == "newer_version":
+            meta["version"] = 2
+        elif how == "missing_array":
+            del arrays["dv_radius"]
+            del meta["arrays"]["dv_radius"]
+        np.savez(out, meta=np.array(json.dumps(meta)), **arrays)
+    return out
+
+
+@pytest.mark.parametrize("how, message", [
+    ("truncated", "not a readable .npz archive"),
+    ("flipped_byte", "not a readable .npz archive, or corrupt"),
+    ("edited_value", "array 'out' does not match its SHA-256"),
+    ("mismatching_spec", "the stored out does not match the stored spec and inputs at batch 0, head 0"),
+    ("newer_version", "format version 2; this attnformal reads version 1"),
+    ("missing_array", "'meta' lists no array 'dv_radius'"),
+])
+def test_a_damaged_file_gives_one_clear_error(small_file, tmp_path, capsys, how, message):
+    path = damaged(small_file, tmp_path, how)
+    with pytest.raises(golden.GoldenError, match="golden file .*: ") as err:
+        golden.load(path)
+    assert message in str(err.value)
+    assert main(["check", str(path), "--impl", "attnformal.oracle:attention_oracle"]) == 2
+    assert capsys.readouterr().err.startswith("error: golden file")
+
+
+def test_an_unrelated_file_is_rejected(tmp_path):
+    plain = tmp_path / "plain.npz"
+    np.savez(plain, x=np.zeros(3))
+    with pytest.raises(golden.GoldenError, match="no 'meta' entry"):
+        golden.load(plain)
+    with pytest.raises(golden.GoldenError, match="no such file"):
+        golden.load(tmp_path / "absent.npz")
+    text = tmp_path / "text.npz"
+    text.write_text("hello")
+    with pytest.raises(golden.GoldenError, match="not a readable .npz archive"):
+        golden.load(text)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--shape", "1,2"], "argument --shape: expected B,Hq,Hkv,Sq,Sk,D[,Dv]"),
+    (["--shape", "1,2,1,4,4,8", "--window", "3"], "argument --window: expected 2 comma-separated ints"),
+    (["--shape", "1,2,1,4,4,8", "--kv-lens", "4,4"], "argument 'kv_lens': expected None or 1 ints"),
+    (["--shape", "1,3,2,4,4,8"], "argument 'k': expected a KV head count that divides Hq=3"),
+    (["--shape", "1,2,1,4,4,8", "--dropout-p", "1.5"], "argument 'dropout_p'"),
+    (["--shape", "1,2,1,4,4,8", "--attn-mask-density", "2"], "argument --attn-mask-density: expected a fraction"),
+    (["--shape", "1,2,1,4,4,8", "--prec", "8"], "argument 'prec'"),
+])
+def test_bad_generate_arguments_name_the_argument(tmp_path, capsys, argv, message):
+    out = tmp_path / "never.npz"
+    assert exit_code(["generate", *argv, "--dtype", "fp16", "--seed", "0", "--out", str(out)]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def exit_code(argv) -> int:
+    """``main``'s status, including argparse's own exit on a malformed option."""
+    try:
+        return main(argv)
+    except SystemExit as exit:
+        return exit.code
+
+
+def test_ctrl_c_cancels_a_long_generation_and_writes_nothing(tmp_path):
+    out = tmp_path / "big.npz"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "attnformal.reference", "generate", "--shape",
+                             "1,32,32,1024,1024,64", "--dtype", "fp32", "--seed", "1", "--out", str(out)],
+                            stderr=subprocess.PIPE, text=True, env=env)
+    first_line = proc.stderr.readline()  # the estimate comes before any work on the case
+    assert first_line.startswith("estimated time:"), first_line
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    rest = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 130
+    assert "cancelled: nothing was written" in rest
+    assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_the_format_is_a_plain_npz_with_json_meta(small_file):
+    with zipfile.ZipFile(small_file) as archive:
+        names = set(archive.namelist())
+    assert {"meta.npy", "q_bits.npy", "out.npy", "out_radius.npy", "dropout_mask.npy"} <= names
+    with np.load(small_file) as archive:
+        meta = json.loads(str(archive["meta"]))
+        assert archive["q_bits"].dtype == np.uint16 and meta["dtype"] == "bfloat16"
+    assert meta["spec"]["kv_lens"] == [45, 30] and meta["seed"] == 5

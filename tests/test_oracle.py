@@ -1,0 +1,106 @@
+"""The fp64 oracle on cases whose answer is known by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from attnformal.oracle import attention_oracle, forward_backward
+
+
+def zeros_q(len_q=4, len_k=6, dim=3):
+    """q = 0 makes every logit equal, so each row's output is the mean of its allowed values."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.zeros(1, 1, len_q, dim, dtype=torch.float64)
+    k = torch.randn(1, 1, len_k, dim, generator=gen, dtype=torch.float64)
+    v = torch.randn(1, 1, len_k, 2, generator=gen, dtype=torch.float64)
+    return q, k, v
+
+
+def test_uniform_logits_average_the_allowed_values():
+    q, k, v = zeros_q()
+    out, lse = attention_oracle(q, k, v, causal="bottom_right", return_lse=True)
+    for i in range(4):
+        allowed = i + 2 + 1  # bottom-right: row i sees keys 0 .. i + (6 - 4)
+        assert torch.allclose(out[0, 0, i], v[0, 0, :allowed].mean(0), rtol=1e-14, atol=1e-15)
+        assert lse[0, 0, i].item() == pytest.approx(math.log(allowed), rel=1e-14)
+
+
+def test_one_dominant_score_selects_its_value():
+    q, k, v = zeros_q(len_q=1)
+    k = torch.zeros_like(k)
+    k[0, 0, 4, 0] = 1.0
+    q[0, 0, 0, 0] = 800.0  # exp(-800 / sqrt(3)) underflows far below fp64 rounding of v
+    assert torch.equal(attention_oracle(q, k, v)[0, 0, 0], v[0, 0, 4])
+
+
+def test_masked_dominant_score_is_excluded_before_the_max():
+    q, k, v = zeros_q(len_q=1)
+    k = torch.zeros_like(k)
+    k[0, 0, 5, 0] = 1.0
+    q[0, 0, 0, 0] = 800.0
+    mask = torch.ones(1, 1, 1, 6, dtype=torch.bool)
+    mask[..., 5] = False  # the dominant key is masked: the rest are tied at 0
+    out = attention_oracle(q, k, v, attn_mask=mask)
+    assert torch.allclose(out[0, 0, 0], v[0, 0, :5].mean(0), rtol=1e-14, atol=1e-15)
+
+
+def test_single_key_returns_its_value():
+    q, k, v = zeros_q(len_q=3, len_k=1)
+    q.normal_(generator=torch.Generator().manual_seed(1))
+    assert torch.equal(attention_oracle(q, k, v), v.expand(1, 1, 3, 2))
+
+
+def test_empty_rows_give_zero_output_minus_inf_lse_and_zero_gradients():
+    q, k, v = zeros_q()
+    q.normal_(generator=torch.Generator().manual_seed(2))
+    grad_out = torch.ones(1, 1, 4, 2, dtype=torch.float64)
+    out, lse, dq, dk, dv = forward_backward(attention_oracle, q, k, v, grad_out, kv_lens=[0])
+    assert torch.equal(out, torch.zeros_like(out)) and (lse == -math.inf).all()
+    for grad in (dq, dk, dv):
+        assert torch.equal(grad, torch.zeros_like(grad))
+
+
+def test_dropout_replay_scales_kept_values():
+    q, k, v = zeros_q(len_q=1)
+    keep = torch.tensor([True, False, True, True, False, False]).reshape(1, 1, 1, 6)
+    out = attention_oracle(q, k, v, dropout_p=0.25, dropout_mask=keep)
+    expected = v[0, 0, keep.flatten()].sum(0) / 6 / 0.75
+    assert torch.allclose(out[0, 0, 0], expected, rtol=1e-14, atol=1e-15)
+
+
+def test_softcap_bounds_the_logits():
+    q, k, v = zeros_q(len_q=1, len_k=2)
+    k = torch.tensor([[[[1.0, 0, 0], [0, 0, 0]]]], dtype=torch.float64)
+    q[0, 0, 0, 0] = 100.0
+    out, lse = attention_oracle(q, k, v, scale=1.0, softcap=2.0, return_lse=True)
+    capped = 2.0 * math.tanh(50.0)  # the first logit, 100, capped; the second is 0
+    assert lse[0, 0, 0].item() == pytest.approx(math.log(math.exp(capped) + 1.0), rel=1e-14)
+    w = math.exp(capped) / (math.exp(capped) + 1)
+    assert torch.allclose(out[0, 0, 0], w * v[0, 0, 0] + (1 - w) * v[0, 0, 1], rtol=1e-14)
+
+
+def test_gqa_equals_mha_with_explicitly_repeated_kv_and_summed_gradients():
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 6, 5, 4, generator=gen, dtype=torch.float64)
+    k = torch.randn(2, 2, 7, 4, generator=gen, dtype=torch.float64)
+    v = torch.randn(2, 2, 7, 3, generator=gen, dtype=torch.float64)
+    grad_out = torch.randn(2, 6, 5, 3, generator=gen, dtype=torch.float64)
+    gqa = forward_backward(attention_oracle, q, k, v, grad_out, causal="top_left")
+    mha = forward_backward(attention_oracle, q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), grad_out,
+                           causal="top_left")
+    torch.testing.assert_close(gqa[0], mha[0])
+    torch.testing.assert_close(gqa[2], mha[2])
+    torch.testing.assert_close(gqa[3], mha[3].reshape(2, 2, 3, 7, 4).sum(2))
+    torch.testing.assert_close(gqa[4], mha[4].reshape(2, 2, 3, 7, 3).sum(2))
+
+
+@pytest.mark.parametrize("kwargs", [dict(), dict(causal="bottom_right", window=(2, 1)), dict(softcap=1.5),
+                                    dict(kv_lens=[3, 0], causal="top_left")])
+def test_autograd_matches_central_finite_differences(kwargs):
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 2, s, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+               for s in (4, 5, 5))
+    assert torch.autograd.gradcheck(lambda *t: attention_oracle(*t, **kwargs), (q, k, v))

@@ -158,7 +158,8 @@ def _decide(query: Query, axioms: Sequence[Axiom], budget: Budget, solver_for, k
         used = (f"{a.name}: {a.statement} ({a.justification})" for a in axioms if a.name in instances)
         return Proof("", "z3", PROVED, axioms=tuple(sorted(used)), case=query.case)
     if verdict == z3.sat:
-        model = _readable_model(solver, query.show) or solver.model()
+        model = solver.model()  # before the readability attempt, which may end without one
+        model = _readable_model(solver, query.show) or model
         return Proof("", "z3", REFUTED, case=query.case, countermodel=render(model, query.show),
                      model=model if keep_model else None)
     return _unknown(solver, query, solver.reason_unknown())
@@ -209,8 +210,13 @@ def _small_whole_number(term):
     if own is not None:  # the prover's number domains say what "small" means for them
         return own()
     term = getattr(term, "value", term)
-    if isinstance(term, z3.ArithRef) and z3.is_const(term) and term.decl().kind() == z3.Z3_OP_UNINTERPRETED:
+    if not (z3.is_const(term) and term.decl().kind() == z3.Z3_OP_UNINTERPRETED):
+        return None
+    if isinstance(term, z3.ArithRef):
         return z3.And(-16 <= term, term <= 16, z3.IsInt(term) if term.is_real() else True)
+    if isinstance(term, z3.FPRef):  # infinities and NaN stay allowed: counterexamples may need them
+        whole = z3.And(z3.fpRoundToIntegral(z3.RNE(), term) == term, z3.fpLEQ(z3.fpAbs(term), 16))
+        return z3.Or(z3.fpIsInf(term), z3.fpIsNaN(term), whole)
     return None
 
 
@@ -404,7 +410,8 @@ class Settings:
 
     timeout: float = 60.0
     schedules: tuple = ()  # ((label, TileSchedule), ...)
-    schedule_specs: tuple = ()  # ("module:attribute", ...): kernel schedules, loaded where needed
+    schedule_specs: tuple = ()  # ("module:attribute", ...) the user named: must load
+    kernel_schedule_specs: tuple = ()  # the project's kernels: skipped if an optional dependency is missing
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from attnformal.schedule import TileSchedule
 
 # The kernels whose block sizes are always proven. Add a kernel's schedule here as
 # "module:attribute" (a TileSchedule, or a list/tuple of them, e.g. autotune configs).
-KERNEL_SCHEDULES = ("attnformal.kernels.torch_tiled:DEFAULT_SCHEDULE",)
+KERNEL_SCHEDULES = ("attnformal.kernels.torch_tiled:DEFAULT_SCHEDULE", "attnformal.kernels.triton_flash:DEFAULT_SCHEDULE")
 GRACE_S = 10.0  # beyond --timeout before a worker that ignores its solver limits is stopped
 
 
@@ -173,7 +173,7 @@ def _failed(task, reason):
 
 def table(checks, controls, wall: float, jobs: int, settings: Settings) -> str:
     lines = [f"attnformal prover: {len(checks)} obligations, {jobs} worker(s), timeout {settings.timeout:g} s each",
-             "schedules: " + ", ".join([*settings.schedule_specs,
+             "schedules: " + ", ".join([*settings.kernel_schedule_specs, *settings.schedule_specs,
                                         *(f"{s.block_m}x{s.block_n} ({label})" for label, s in settings.schedules)]),
              "",
              f"{'#':>2}  {'obligation':<44} {'tool':<12} {'checks':>6}  {'status':<8} {'time':>7}"]
@@ -214,7 +214,8 @@ def to_json(checks, controls, wall: float, settings: Settings) -> dict:
     return {
         "environment": {"python": platform.python_version(), "z3": z3.get_version_string(),
                         "sympy": sympy.__version__, "machine": platform.machine(), "cpus": os.cpu_count()},
-        "settings": {"timeout_s": settings.timeout, "schedule_specs": list(settings.schedule_specs),
+        "settings": {"timeout_s": settings.timeout, "kernel_schedules": list(settings.kernel_schedule_specs),
+                     "schedule_specs": list(settings.schedule_specs),
                      "schedules": [{"label": label, "block_m": s.block_m, "block_n": s.block_n}
                                    for label, s in settings.schedules]},
         "obligations": [{"number": o.number, "name": o.name, "title": o.title, "status": o.status,
@@ -232,7 +233,8 @@ def report(checks, controls, wall: float, settings: Settings) -> str:
     out = ["# attnformal: proof report", "",
            f"Obligations proved: {sum(o.status == PROVED for o in checks)} of {len(checks)}; negative controls "
            f"refuted: {sum(c.ok for c in controls)} of {len(controls)}; wall time {wall:.1f} s.", "",
-           "Kernel schedules: " + ", ".join(settings.schedule_specs) + "; block sizes proven: see obligation 5.", ""]
+           "Kernel schedules: " + ", ".join([*settings.kernel_schedule_specs, *settings.schedule_specs])
+           + "; the block sizes proven are listed under obligation 5.", ""]
     for o in checks:
         out += [f"## {o.number}. {o.title} -- {o.status}", "", _dedent(o.theorem), "",
                 "| check | tool | status | queries | time |", "|---|---|---|---|---|"]
@@ -243,9 +245,11 @@ def report(checks, controls, wall: float, settings: Settings) -> str:
             out += ["", "Hypotheses: " + "; ".join(f"`{h}`" for h in hypotheses) + "."]
         if axioms:
             out += ["", "Axioms and lemmas the proofs rest on:", ""] + [f"- {a}" for a in axioms]
-        failed = [p for p in o.checks if not p.ok]
-        for p in failed:
-            out += ["", f"**{p.status}**: {p.claim} -- case `{p.case}`: {_counterexample(p)} {p.detail}"]
+        for p in o.checks:
+            if not p.ok:
+                out += ["", f"**{p.status}**: {p.claim} -- case `{p.case}`: {_counterexample(p)} {p.detail}"]
+        notes = dict.fromkeys(p.detail for p in o.checks if p.ok and p.detail)
+        out += [f"\nNote: {note}" for note in notes]
         mine = [c for c in controls if c.obligation == o.number]
         if mine:
             out += ["", "Negative controls:", ""]
@@ -298,8 +302,8 @@ def parse(argv):
         parser.error(f"argument '--only': expected a pattern matching an obligation, got {args.only!r}")
     # Kernel schedules are imported by the tile obligation's worker: importing a kernel may
     # import torch, which should not hold up the other obligations.
-    return args, chosen, Settings(timeout=args.timeout, schedules=schedules,
-                                  schedule_specs=(*KERNEL_SCHEDULES, *args.schedule))
+    return args, chosen, Settings(timeout=args.timeout, schedules=schedules, schedule_specs=tuple(args.schedule),
+                                  kernel_schedule_specs=KERNEL_SCHEDULES)
 
 
 def main(argv=None) -> int:

@@ -121,7 +121,8 @@ def _lemmas():
         Lemma("add-zeros", "add", "x = +-0, y = +-0 => x + y = +-0", add_zeros),
         Lemma("add-finite", "add", "x, y finite => x + y not NaN", add_finite),
         Lemma("div-by-at-least-one", "div", "|x| <= H, 1 <= y <= H => x / y finite", div_by_at_least_one),
-        Lemma("maximum", "max", "x, y not NaN => maximum(x, y) >= x, y and is one of them (bit for bit)", maximum),
+        Lemma("maximum", "max", "x, y not NaN => maximum(x, y) >= x, y and is one of them, bit for bit "
+              "(either zero for max(-0, +0))", maximum),
     )
 
 

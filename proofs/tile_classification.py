@@ -148,34 +148,52 @@ PROPERTIES = (
 
 
 def schedules(settings: Settings):
-    """``(label, block_m, block_n)``: the kernels' and the user's schedules, then the defaults."""
+    """``([(label, block_m, block_n)], note)``: the kernels' and the user's schedules, then the defaults.
+
+    A kernel that cannot be imported because an optional dependency is missing (e.g. triton)
+    is skipped, and the note says so; a schedule the user named must load.
+    """
+    kernels, skipped = load_schedules(settings.kernel_schedule_specs, optional=True)
+    users, _ = load_schedules(settings.schedule_specs)
     seen = {}
-    for label, s in [*load_schedules(settings.schedule_specs), *settings.schedules]:
+    for label, s in [*kernels, *users, *settings.schedules]:
         seen.setdefault((s.block_m, s.block_n), label)
     for blocks in DEFAULT_BLOCKS:
         seen.setdefault(blocks, "default")
-    return [(label, bm, bn) for (bm, bn), label in seen.items()]
+    blocks = [(label, bm, bn) for (bm, bn), label in seen.items()]
+    note = "block sizes: " + ", ".join(f"{bm}x{bn} ({label})" for label, bm, bn in blocks)
+    if skipped:
+        note += "; not loaded: " + "; ".join(skipped)
+    return blocks, note
 
 
-def load_schedules(specs):
-    """``(spec, TileSchedule)`` for ``module:attribute`` specs (a schedule or a list of them)."""
-    found = []
+def load_schedules(specs, optional=False):
+    """``([(spec, TileSchedule)], [skipped])`` for ``module:attribute`` specs (a schedule or a list)."""
+    found, skipped = [], []
     for spec in specs:
         module_name, _, attribute = spec.partition(":")
         try:
             value = getattr(importlib.import_module(module_name), attribute)
+        except ModuleNotFoundError as error:
+            if optional and error.name != module_name:  # the kernel is there, a dependency is not
+                skipped.append(f"{spec} ({error})")
+                continue
+            raise ValueError(f"argument '--schedule': cannot load {spec!r} ({error})") from None
         except (ImportError, AttributeError) as error:
             raise ValueError(f"argument '--schedule': cannot load {spec!r} ({error})") from None
         loaded = list(value) if isinstance(value, (list, tuple)) else [value]
         if not all(isinstance(s, schedule.TileSchedule) for s in loaded):
             raise ValueError(f"argument '--schedule': {spec!r} is not a TileSchedule or a list of them")
         found += [(spec, s) for s in loaded]
-    return found
+    return found, skipped
 
 
 def checks(settings: Settings, budget: Budget):
+    blocks, note = schedules(settings)
     for claim, prop in PROPERTIES:
-        yield check_property(claim, prop, schedules(settings), budget)
+        proof = check_property(claim, prop, blocks, budget)
+        proof.detail = "; ".join(filter(None, (proof.detail, note)))
+        yield proof
 
 
 def check_property(claim, prop, blocks, budget: Budget, families=None):

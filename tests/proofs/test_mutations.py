@@ -85,8 +85,8 @@ def test_a_missing_scale_in_dq_breaks_the_backward(monkeypatch):
     assert fails(backward)
 
 
-def test_smt_fp_max_breaks_the_floating_point_obligation(monkeypatch):
-    monkeypatch.setattr(ops._Z3, "maximum", staticmethod(lambda a, b: z3.fpMax(a, b)))
+def test_a_maximum_that_returns_the_minimum_breaks_the_floating_point_obligation(monkeypatch):
+    monkeypatch.setattr(ops._Z3, "maximum", staticmethod(lambda a, b: z3.fpMin(a, b)))
     assert fails(floating_point)
 
 

@@ -3,9 +3,10 @@
 import pytest
 
 from attnformal.logic import PROVED, REFUTED, Budget, Settings
+from attnformal.prove import KERNEL_SCHEDULES
 from attnformal.proofs import OBLIGATIONS
 
-SETTINGS = Settings(timeout=120, schedule_specs=("attnformal.kernels.torch_tiled:DEFAULT_SCHEDULE",))
+SETTINGS = Settings(timeout=120, kernel_schedule_specs=KERNEL_SCHEDULES)
 
 
 def name(module):
@@ -35,21 +36,24 @@ def test_every_obligation_ships_a_negative_control():
     assert all(module.CONTROLS for module in OBLIGATIONS)
 
 
-def test_the_kernel_schedule_is_among_the_proven_block_sizes():
-    from attnformal.kernels.torch_tiled import DEFAULT_SCHEDULE
+def test_the_kernels_schedules_are_among_the_proven_block_sizes():
+    from attnformal.kernels import torch_tiled, triton_flash
     from attnformal.proofs.tile_classification import schedules
 
-    proven = {(bm, bn) for _, bm, bn in schedules(SETTINGS)}
-    assert (DEFAULT_SCHEDULE.block_m, DEFAULT_SCHEDULE.block_n) in proven
+    blocks, note = schedules(SETTINGS)
+    proven = {(bm, bn): label for label, bm, bn in blocks}
+    for kernel in (torch_tiled, triton_flash):
+        s = kernel.DEFAULT_SCHEDULE
+        assert proven[(s.block_m, s.block_n)].startswith(kernel.__name__), (kernel.__name__, note)
     assert any(bm < bn for bm, bn in proven) and any(bm > bn for bm, bn in proven)
 
 
-def test_the_kernels_start_from_the_state_the_base_case_proves():
-    """Obligation 3's base case is about (NEG_INF, 0, 0); merge.empty_state builds exactly that."""
-    import torch
+def test_a_kernel_whose_optional_dependency_is_missing_is_skipped_and_said(tmp_path, monkeypatch):
+    from attnformal.proofs.tile_classification import load_schedules
 
-    from attnformal.merge import NEG_INF, empty_state
-
-    state = empty_state((2,), 3, dtype=torch.float32)
-    assert torch.equal(state.m, torch.full((2, 1), NEG_INF))
-    assert not state.l.any() and not state.acc.any()
+    (tmp_path / "kernel_needing_a_dependency.py").write_text("import no_such_dependency_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found, skipped = load_schedules(["kernel_needing_a_dependency:SCHEDULE"], optional=True)
+    assert found == [] and "no_such_dependency_xyz" in skipped[0]
+    with pytest.raises(ValueError, match="--schedule"):
+        load_schedules(["kernel_needing_a_dependency:SCHEDULE"])

@@ -25,7 +25,7 @@ import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
-from attnformal.logic import PROVED, REFUTED, UNKNOWN, Budget, Proof, Settings
+from attnformal.logic import PROVED, REFUTED, UNKNOWN, VACUOUS, Budget, Proof, Settings
 from attnformal.schedule import TileSchedule
 
 # The kernels whose block sizes are always proven. Add a kernel's schedule here as
@@ -50,7 +50,7 @@ class ObligationResult:
     def status(self) -> str:
         if not self.checks:
             return UNKNOWN
-        for status in (REFUTED, "vacuous", UNKNOWN):
+        for status in (REFUTED, VACUOUS, UNKNOWN):
             if any(p.status == status for p in self.checks):
                 return status
         return PROVED

@@ -83,12 +83,13 @@ def obligations():
 
 
 def selected(pattern: str | None):
-    """``(number, module)`` of the obligations whose number, name or title match ``pattern``."""
+    """``(number, module)`` of the obligations matching ``pattern``: a number, or a glob or a
+    substring of the module name or the title (case-insensitive)."""
     chosen = []
     for number, module in enumerate(obligations(), start=1):
-        name = module.__name__.rsplit(".", 1)[-1]
-        keys = (str(number), name, module.TITLE.lower())
-        if pattern is None or any(fnmatch.fnmatch(k, pattern.lower()) or pattern.lower() in k for k in keys):
+        keys = (module.__name__.rsplit(".", 1)[-1], module.TITLE.lower())
+        if pattern is None or (pattern == str(number) if pattern.isdigit() else
+                               any(fnmatch.fnmatch(k, pattern.lower()) or pattern.lower() in k for k in keys)):
             chosen.append((number, module))
     return chosen
 
@@ -271,7 +272,7 @@ def _dedent(text: str) -> str:
 
 def parse(argv):
     parser = argparse.ArgumentParser(prog="python -m attnformal.prove", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", metavar="PATTERN", help="obligations whose number, name or title match")
+    parser.add_argument("--only", metavar="PATTERN", help="an obligation number, or a glob or substring of its name or title")
     parser.add_argument("--json", metavar="FILE", help="write machine-readable results")
     parser.add_argument("--report", metavar="FILE.md", help="write a markdown report for design reviews")
     parser.add_argument("--timeout", metavar="S", type=float, default=60.0, help="seconds per obligation (60)")

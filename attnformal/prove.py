@@ -272,7 +272,8 @@ def _dedent(text: str) -> str:
 
 def parse(argv):
     parser = argparse.ArgumentParser(prog="python -m attnformal.prove", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", metavar="PATTERN", help="an obligation number, or a glob or substring of its name or title")
+    parser.add_argument("--only", metavar="PATTERN",
+                        help="an obligation number, or a glob or substring of its name or title")
     parser.add_argument("--json", metavar="FILE", help="write machine-readable results")
     parser.add_argument("--report", metavar="FILE.md", help="write a markdown report for design reviews")
     parser.add_argument("--timeout", metavar="S", type=float, default=60.0, help="seconds per obligation (60)")

@@ -30,7 +30,8 @@ from attnformal.schedule import TileSchedule
 
 # The kernels whose block sizes are always proven. Add a kernel's schedule here as
 # "module:attribute" (a TileSchedule, or a list/tuple of them, e.g. autotune configs).
-KERNEL_SCHEDULES = ("attnformal.kernels.torch_tiled:DEFAULT_SCHEDULE", "attnformal.kernels.triton_flash:DEFAULT_SCHEDULE")
+KERNEL_SCHEDULES = ("attnformal.kernels.torch_tiled:DEFAULT_SCHEDULE",
+                    "attnformal.kernels.triton_flash:DEFAULT_SCHEDULE")
 GRACE_S = 10.0  # beyond --timeout before a worker that ignores its solver limits is stopped
 
 

@@ -348,12 +348,19 @@ _FAMILIES = {"torch": _Torch, "sympy": _SymPy, "z3": _Z3, "numpy": _NumPy}
 
 
 def family(*xs):
-    """The interpretation that the arguments call for (Python if none of them is special)."""
-    for x in xs:
-        own = getattr(type(x), "__attn_ops__", None)
-        if own is not None:
-            return own
-        found = _FAMILIES.get(type(x).__module__.partition(".")[0])
+    """The interpretation that the arguments call for (Python if none of them is special).
+
+    An object that brings its own family wins over the Z3 Bool or plain number beside it, as in
+    ``where(z3_condition, extended_real, 0.0)``; numpy arrays still go element by element first.
+    """
+    modules = [type(x).__module__.partition(".")[0] for x in xs]
+    if "numpy" not in modules:
+        for x in xs:
+            own = getattr(type(x), "__attn_ops__", None)
+            if own is not None:
+                return own
+    for module in modules:
+        found = _FAMILIES.get(module)
         if found is not None:
             return found
     return _Python

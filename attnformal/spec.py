@@ -39,7 +39,7 @@ class SpecError(ValueError):
 
 def kv_head_of(h, heads_q, heads_kv):
     """The KV head that query head ``h`` reads: consecutive groups of ``Hq // Hkv`` share one."""
-    return ops.floordiv(h, heads_q // heads_kv)
+    return ops.floordiv(h, ops.floordiv(heads_q, heads_kv))  # ops: also on Z3 Ints, for all head counts
 
 
 def apply_softcap(s, cap):

@@ -250,7 +250,7 @@ def npu_fusion_attention(spec, q, k, v, return_lse):
     Its ``scale`` defaults to 1 (so the spec's scale is always passed) and its mask is True
     where attention is *forbidden*. Causal and window masks use the sparse mode that
     :func:`attnformal.npu.npu_mask_args` maps them to (proven by the prover); explicit masks and
-    per-batch lengths, or a geometry it does not map, go in as the dense mask.
+    per-batch lengths, or a geometry it does not map, go in whole (sparse mode 1).
     """
     torch_npu = _optional("torch_npu")
     _refuse(spec.softcap is not None, "npu_fusion_attention has no softcap")
@@ -265,30 +265,28 @@ def npu_fusion_attention(spec, q, k, v, return_lse):
     return out, softmax_max[..., 0] + torch.log(softmax_sum[..., 0])  # [B, N, S, 8]: 8 equal copies
 
 
-NPU_UNBOUNDED = 2147483647
 NPU_COMPRESSED_MASK = 2048  # sparse modes 2, 3, 4 take this fixed upper-triangular mask
 
 
 def _npu_mask(spec: AttentionSpec, device):
-    """``(sparse_mode, pre_tokens, next_tokens, atten_mask)`` for npu_fusion_attention."""
-    if spec.causal is None and spec.window is None and _index_mask_only(spec):
-        return 0, NPU_UNBOUNDED, NPU_UNBOUNDED, None
-    mapped = None
-    if _index_mask_only(spec):
-        try:
-            from attnformal.npu import npu_mask_args
+    """``(sparse_mode, pre_tokens, next_tokens, atten_mask)`` for npu_fusion_attention.
 
-            mapped = npu_mask_args(spec.geometry())
-        except (ImportError, NotImplementedError):
-            mapped = None
-    dense_forbidden = ~spec.allowed(device)
-    if mapped is None:
-        return 0, NPU_UNBOUNDED, NPU_UNBOUNDED, dense_forbidden
-    sparse_mode, pre_tokens, next_tokens = mapped
-    if sparse_mode in (2, 3, 4):
-        n = NPU_COMPRESSED_MASK
-        return sparse_mode, pre_tokens, next_tokens, torch.ones(n, n, dtype=torch.bool, device=device).triu(1)
-    return sparse_mode, pre_tokens, next_tokens, dense_forbidden[0, 0]
+    The index masks use the sparse mode :func:`attnformal.npu.npu_mask_args` proves equivalent;
+    an explicit mask, per-batch lengths or a geometry no mode expresses go in whole (mode 1).
+    """
+    from attnformal.npu import INT_MAX, npu_atten_mask, npu_mask_args
+
+    if spec.kv_lens is None:
+        try:
+            mode, pre_tokens, next_tokens = npu_mask_args(spec.geometry())
+        except NotImplementedError:
+            mode = None
+        if mode == 0:
+            return 0, pre_tokens, next_tokens, None
+        if mode in (2, 3, 4):
+            n = NPU_COMPRESSED_MASK
+            return mode, pre_tokens, next_tokens, torch.ones(n, n, dtype=torch.bool, device=device).triu(1)
+    return 1, INT_MAX, INT_MAX, npu_atten_mask(spec.allowed(device))
 
 
 ALIASES = {

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from attnformal import adapters
+from attnformal.npu import INT_MAX, npu_keeps
 from attnformal.verify import Settings, run_battery
 from attnformal.verify.report import render
 
@@ -31,17 +32,25 @@ def test_a_missing_package_is_unsupported_not_a_crash(package, adapter):
 
 
 def fake_npu_fusion_attention(mask_means_attend=False):
-    """npu_fusion_attention's documented contract in plain torch: BNSD, scale defaults to 1,
-    atten_mask True = masked out, softmax max and sum returned as [B, N, S, 8]."""
+    """npu_fusion_attention's documented contract in plain torch: BNSD, scale defaults to 1, the
+    sparse modes of :func:`attnformal.npu.npu_keeps` (atten_mask True = masked out), softmax max and
+    sum returned as [B, N, S, 8]."""
     def npu_fusion_attention(query, key, value, head_num, input_layout, *, atten_mask=None, scale=1.0,
-                             keep_prob=1.0, pre_tockens=2**31 - 1, next_tockens=2**31 - 1, sparse_mode=0):
-        assert input_layout == "BNSD" and head_num == query.shape[1] and sparse_mode == 0 and keep_prob == 1.0
+                             keep_prob=1.0, pre_tockens=INT_MAX, next_tockens=INT_MAX, sparse_mode=0):
+        assert input_layout == "BNSD" and head_num == query.shape[1] and keep_prob == 1.0
+        len_q, len_k = query.shape[2], key.shape[2]
+        per_position = None
+        if sparse_mode in (0, 1) and atten_mask is not None:
+            per_position = ~atten_mask if mask_means_attend else atten_mask
+        if sparse_mode in (2, 3, 4):
+            assert atten_mask.shape == (2048, 2048) and bool((atten_mask == atten_mask.new_ones(2048, 2048).triu(1)).all())
+        keep = npu_keeps(torch.arange(len_q)[:, None], torch.arange(len_k)[None, :], sparse_mode=sparse_mode,
+                         pre_tokens=pre_tockens, next_tokens=next_tockens, len_q=len_q, len_k=len_k,
+                         atten_mask=per_position)
         group = query.shape[1] // key.shape[1]
         k, v = (t.repeat_interleave(group, 1).float() for t in (key, value))
-        s = scale * (query.float() @ k.transpose(-1, -2))
-        if atten_mask is not None:
-            s = s.masked_fill(~atten_mask if mask_means_attend else atten_mask, -math.inf)
-        m = s.amax(-1, keepdim=True) if s.shape[-1] else s.sum(-1, keepdim=True)
+        s = (scale * (query.float() @ k.transpose(-1, -2))).masked_fill(~keep, -math.inf)
+        m = s.amax(-1, keepdim=True) if len_k else s.sum(-1, keepdim=True)
         m = torch.where(torch.isfinite(m), m, 0.0)
         e = torch.exp(s - m)
         l = e.sum(-1, keepdim=True)
@@ -53,14 +62,12 @@ def fake_npu_fusion_attention(mask_means_attend=False):
 def npu_battery(monkeypatch, **fake):
     monkeypatch.setitem(sys.modules, "torch_npu", types.SimpleNamespace(
         npu_fusion_attention=fake_npu_fusion_attention(**fake)))
-    no_mapping = types.ModuleType("attnformal.npu")
-    no_mapping.npu_mask_args = lambda g: (_ for _ in ()).throw(NotImplementedError("not mapped"))
-    monkeypatch.setitem(sys.modules, "attnformal.npu", no_mapping)
     return run_battery(Settings(impl=adapters.npu_fusion_attention, impl_name="fake npu", dtypes=(torch.float32,),
-                                only=("hand.*", "fwd.gqa", "mask.*", "lse.values")))
+                                only=("hand.*", "fwd.gqa", "mask.*", "lse.values", "softmax.*")))
 
 
-def test_npu_adapter_passes_scale_and_the_inverted_mask(monkeypatch):
+def test_npu_adapter_passes_scale_sparse_modes_and_the_inverted_mask(monkeypatch):
+    """The documented NPU semantics behind the adapter's mapping (npu_mask_args) pass the battery."""
     report = npu_battery(monkeypatch)
     assert report.passed, render(report)
 

@@ -15,6 +15,7 @@ flash_attn's ``causal``/``window_size``, torch_npu's ``sparse_mode`` from
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import math
@@ -53,31 +54,37 @@ def _refuse(condition, reason):
 
 
 def _sdpa(backend_name, spec, q, k, v, return_lse):
+    """SDPA with one backend pinned (``backend_name`` of ``SDPBackend``), or torch's choice (None)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention
 
     _refuse(return_lse, "torch SDPA does not return the log-sum-exp")
     _refuse(spec.softcap is not None, "torch SDPA has no softcap")
     _refuse(spec.dropout_mask is not None, "torch SDPA draws its own dropout mask and cannot replay a given one")
-    # SDPA's own is_causal is top-left; every other mask goes in as the spec's dense mask.
-    native_causal = spec.causal == "top_left" and spec.window is None and _index_mask_only(spec)
+    # SDPA's is_causal is top-left (the same as bottom-right when Sq == Sk), and its fused kernels
+    # skip the masked blocks; every other mask goes in as the spec's dense mask, read in full.
+    square = spec.len_q == spec.len_k
+    native_causal = (spec.causal == "top_left" or (spec.causal == "bottom_right" and square)) \
+        and spec.window is None and _index_mask_only(spec)
     mask = None
     if not native_causal and (spec.causal or spec.window is not None or not _index_mask_only(spec)):
         mask = spec.allowed(q.device)
+    pinned = contextlib.nullcontext() if backend_name is None else sdpa_kernel(getattr(SDPBackend, backend_name))
     # A backend that refuses the inputs says why in warnings; they become the unsupported reason.
-    with sdpa_kernel(getattr(SDPBackend, backend_name)), warnings.catch_warnings(record=True) as reasons:
+    with pinned, warnings.catch_warnings(record=True) as reasons:
         warnings.simplefilter("always")
         try:
             return scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=spec.dropout_p,
                                                 is_causal=native_causal, scale=spec.scale,
                                                 enable_gqa=spec.group > 1)
         except RuntimeError as err:
-            if "No available kernel" not in str(err):
+            if not any(words in str(err) for words in ("No available kernel", "No viable backend")):
                 raise
             why = "; ".join(str(w.message).partition(" (Triggered")[0] for w in reasons) or str(err)
             raise NotImplementedError(f"SDPA {backend_name} backend refuses these inputs: {why}") from None
 
 
+sdpa = adapter(functools.partial(_sdpa, None))
 sdpa_math = adapter(functools.partial(_sdpa, "MATH"))
 sdpa_flash = adapter(functools.partial(_sdpa, "FLASH_ATTENTION"))
 sdpa_efficient = adapter(functools.partial(_sdpa, "EFFICIENT_ATTENTION"))
@@ -290,6 +297,7 @@ def _npu_mask(spec: AttentionSpec, device):
 
 
 ALIASES = {
+    "sdpa": sdpa,
     "sdpa-math": sdpa_math,
     "sdpa-flash": sdpa_flash,
     "sdpa-efficient": sdpa_efficient,

@@ -9,7 +9,6 @@
 * :mod:`~attnformal.scale.measure` -- synchronised timing and isolated peak memory on CPU,
   CUDA and Ascend NPU.
 * :mod:`~attnformal.scale.backends` -- which SDPA backend or device kernel actually ran.
-* :mod:`~attnformal.scale.sdpa` -- torch SDPA behind the implementation protocol.
 * :mod:`~attnformal.scale.problem`, :mod:`~attnformal.scale.sweep` -- sweep points, and
   running implementations on them interleaved.
 * :mod:`~attnformal.scale.analysis`, :mod:`~attnformal.scale.report`,

@@ -35,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Sweep one parameter of an attention implementation; fit time and memory exponents "
                     "and compare them with the work the tiling schedule predicts.")
     p.add_argument("--impl", required=True,
-                   help="MODULE:FUNC, FILE.py:FUNC, or an alias: sdpa, sdpa-{flash,efficient,math,cudnn}, tiled")
+                   help="MODULE:FUNC, FILE.py:FUNC, tiled (the torch kernel, given the schedule), or an adapter "
+                        "alias of python -m attnformal.verify: sdpa, sdpa-{flash,efficient,math,cudnn}, flex, ...")
     p.add_argument("--vs", help="a second implementation, measured interleaved with --impl at every point")
     p.add_argument("--sweep", default=DEFAULT_SWEEP,
                    help=f"P=LO..HI or P=V1,V2,...; P is one of: "

@@ -17,16 +17,14 @@ from typing import Any
 
 import torch
 
-from attnformal.impl import load_impl
+from attnformal.adapters import resolve
 from attnformal.schedule import TileSchedule
-from attnformal.scale import sdpa
 from attnformal.scale.backends import backend_from_ops
 from attnformal.scale.measure import Device, MemoryPeak, Samples, timer_floor
 from attnformal.scale.problem import MaskFamily, Problem, Sweep
 from attnformal.scale.work import Work, predict_work
 
-ALIASES = {
-    "sdpa": "attnformal.scale.sdpa:attention",
+ALIASES = {  # the kernels themselves, so the sweep's schedule reaches them as ``schedule=``
     "tiled": "attnformal.kernels.torch_tiled:attention",
     "torch_tiled": "attnformal.kernels.torch_tiled:attention",
 }
@@ -48,13 +46,9 @@ class Candidate:
 
 
 def load_candidate(target: str, schedule: TileSchedule) -> Candidate:
-    """``sdpa``, ``sdpa-<backend>``, ``tiled`` or any ``MODULE:FUNC`` / ``FILE.py:FUNC``."""
-    if target.startswith("sdpa-"):
-        backend = target.removeprefix("sdpa-")
-        if backend not in sdpa.BACKENDS:
-            raise ValueError(f"argument '--impl': expected sdpa-{{{','.join(sdpa.BACKENDS)}}}, got {target!r}")
-        return Candidate(target, sdpa.pinned(backend), None)
-    fn = load_impl(ALIASES.get(target, target))
+    """``tiled``, ``torch_tiled``, an alias of :data:`attnformal.adapters.ALIASES` (``sdpa``,
+    ``sdpa-flash``, ...) or any ``MODULE:FUNC`` / ``FILE.py:FUNC``."""
+    fn = resolve(ALIASES.get(target, target))
     if not callable(fn):
         raise ValueError(f"argument '--impl': {target!r} is not callable")
     try:

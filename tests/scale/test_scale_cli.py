@@ -59,7 +59,7 @@ def test_a_width_sweep_needs_the_window_family(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--impl", "nosuch.module:f"], "argument '--impl': cannot import"),
-    (["--impl", "sdpa-fastest"], "argument '--impl': expected sdpa-"),
+    (["--impl", "sdpa-fastest"], "argument '--impl': expected one of sdpa, sdpa-math"),
     (["--impl", "sdpa", "--vs", "sdpa"], "argument '--vs'"),
     (["--impl", "sdpa", "--mask", "window:x"], "argument '--mask'"),
     (["--impl", "sdpa", "--sweep", "W=8..64"], "argument '--mask': --sweep W=... needs the mask 'window'"),

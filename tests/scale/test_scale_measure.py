@@ -7,7 +7,7 @@ import torch
 
 from attnformal.oracle import attention_oracle
 from attnformal.schedule import TileSchedule
-from attnformal.scale import sdpa
+from attnformal import adapters
 from attnformal.scale.backends import backend_from_ops
 from attnformal.scale.measure import Device, Samples
 from attnformal.scale.problem import MaskFamily, Problem
@@ -43,8 +43,8 @@ def test_cpu_peak_memory_sees_what_is_live_at_once():
 def test_the_backend_that_ran_is_read_from_the_profiler():
     cpu = Device("cpu")
     q = torch.randn(1, 2, 64, 16)
-    assert backend_from_ops(cpu.peak_memory(lambda: sdpa.attention(q, q, q)).ops) == "flash (cpu)"
-    assert backend_from_ops(cpu.peak_memory(lambda: sdpa.pinned("math")(q, q, q)).ops) == "math"
+    assert backend_from_ops(cpu.peak_memory(lambda: adapters.sdpa(q, q, q)).ops) == "flash (cpu)"
+    assert backend_from_ops(cpu.peak_memory(lambda: adapters.sdpa_math(q, q, q)).ops) == "math"
     tiled = load_candidate("tiled", TileSchedule(32, 32))
     assert backend_from_ops(cpu.peak_memory(lambda: tiled.fn(q, q, q)).ops).startswith("no SDPA")
     assert tiled.schedule == TileSchedule(32, 32)  # the project's kernel gets the schedule we predict from
@@ -104,23 +104,23 @@ def test_sdpa_adapter_computes_the_spec(kwargs):
     k, v = (torch.randn(2, 2, 20, 8, generator=gen, dtype=torch.float64) for _ in range(2))  # GQA, Sq != Sk
     expected = attention_oracle(q, k, v, **kwargs)
     expected = expected[0] if isinstance(expected, tuple) else expected
-    torch.testing.assert_close(sdpa.attention(q, k, v, **kwargs), expected, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(adapters.sdpa(q, k, v, **kwargs), expected, rtol=1e-10, atol=1e-10)
     # negative control: the adapter's answer depends on the mask it was given
     if kwargs:
-        assert not torch.allclose(sdpa.attention(q, k, v), expected)
+        assert not torch.allclose(adapters.sdpa(q, k, v), expected)
 
 
 def test_sdpa_adapter_refuses_what_sdpa_cannot_do():
     q = torch.randn(1, 1, 4, 8)
-    for kwargs in ({"softcap": 5.0}, {"return_lse": True}, {"dropout_p": 0.1}):
+    for kwargs in ({"softcap": 5.0}, {"return_lse": True}):
         with pytest.raises(NotImplementedError):
-            sdpa.attention(q, q, q, **kwargs)
+            adapters.sdpa(q, q, q, **kwargs)
 
 
 def test_a_pinned_backend_that_cannot_run_is_unsupported_not_a_crash():
     q = torch.randn(1, 1, 8, 8)  # torch has no memory-efficient SDPA kernel for CPU tensors
-    with pytest.raises(NotImplementedError, match="SDPA backend 'efficient' cannot run this call"):
-        sdpa.pinned("efficient")(q, q, q)
+    with pytest.raises(NotImplementedError, match="SDPA EFFICIENT_ATTENTION backend refuses these inputs"):
+        adapters.sdpa_efficient(q, q, q)
 
 
 class FakeAccelerator:

@@ -16,25 +16,20 @@ from attnformal.merge import block_state, empty_state, finalize, merge
 from attnformal.schedule import FULL, TileSchedule
 from attnformal.spec import AttentionSpec
 from attnformal.tile import tile_grads, tile_scores
+from attnformal.kernels import protocol_entry
 from attnformal.kernels.split_kv import combine
 
 DEFAULT_SCHEDULE = TileSchedule(block_m=128, block_n=128)
 
 
-def attention(q, k, v, *, scale=None, causal=None, window=None, attn_mask=None, kv_lens=None,
-              softcap=None, dropout_p=0.0, dropout_mask=None, return_lse=False, schedule=None):
+@protocol_entry
+def attention(q, k, v, spec: AttentionSpec, schedule: TileSchedule | None):
     """The implementation protocol, computed tile by tile from ``schedule``.
 
     Returns ``out`` ``[B, Hq, Sq, Dv]`` in the input dtype, and with ``return_lse`` also
     ``lse`` ``[B, Hq, Sq]`` (float32; float64 for float64 inputs). Differentiable.
     """
-    spec = AttentionSpec.from_inputs(q, k, v, scale=scale, causal=causal, window=window,
-                                     attn_mask=attn_mask, kv_lens=kv_lens, softcap=softcap,
-                                     dropout_p=dropout_p, dropout_mask=dropout_mask)
-    if spec.dropout_p > 0 and spec.dropout_mask is None:
-        raise NotImplementedError("torch_tiled draws no dropout mask of its own: pass dropout_mask to replay")
-    out, lse = _TiledAttention.apply(q, k, v, spec, schedule or DEFAULT_SCHEDULE)
-    return (out, lse) if return_lse else out
+    return _TiledAttention.apply(q, k, v, spec, schedule or DEFAULT_SCHEDULE)
 
 
 def compute_dtype(dtype):

@@ -54,6 +54,7 @@ except ImportError as missing:
 
 import torch
 
+from attnformal.kernels import protocol_entry
 from attnformal.kernels.split_kv import combine
 from attnformal.masks import CAUSAL_MODES, MaskGeometry
 from attnformal.merge import SoftmaxState, empty_state, finalize
@@ -425,22 +426,16 @@ def _attn_bwd_dq(
 # Host side: validation, the schedule's tables, launches
 # ----------------------------------------------------------------------------------------
 
-def attention(q, k, v, *, scale=None, causal=None, window=None, attn_mask=None, kv_lens=None,
-              softcap=None, dropout_p=0.0, dropout_mask=None, return_lse=False, schedule=None):
+@protocol_entry
+def attention(q, k, v, spec: AttentionSpec, schedule: TileSchedule | None):
     """The implementation protocol, computed by the Triton kernels from ``schedule``.
 
     Returns ``out`` ``[B, Hq, Sq, Dv]`` in the input dtype, and with ``return_lse`` also
     ``lse`` ``[B, Hq, Sq]`` (float32; float64 for float64 inputs). Differentiable.
     """
-    spec = AttentionSpec.from_inputs(q, k, v, scale=scale, causal=causal, window=window,
-                                     attn_mask=attn_mask, kv_lens=kv_lens, softcap=softcap,
-                                     dropout_p=dropout_p, dropout_mask=dropout_mask)
-    if spec.dropout_p > 0 and spec.dropout_mask is None:
-        raise NotImplementedError("triton_flash draws no dropout mask of its own: pass dropout_mask to replay")
     schedule = DEFAULT_SCHEDULE if schedule is None else schedule
     _check_launchable(spec, schedule, q)
-    out, lse = _FlashAttention.apply(q, k, v, spec, schedule)
-    return (out, lse) if return_lse else out
+    return _FlashAttention.apply(q, k, v, spec, schedule)
 
 
 def _check_launchable(spec: AttentionSpec, schedule: TileSchedule, q):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import assert_matches, make_problem
+from kernel_checks import assert_matches, make_problem
 from attnformal import merge as merge_module
 from attnformal.kernels import torch_tiled
 from attnformal.oracle import attention_oracle, forward_backward

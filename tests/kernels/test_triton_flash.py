@@ -26,7 +26,7 @@ import torch
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
-from conftest import TOLERANCES, assert_matches, make_problem  # noqa: E402
+from kernel_checks import TOLERANCES, assert_matches, make_problem  # noqa: E402
 from attnformal import SpecError  # noqa: E402
 from attnformal.kernels import triton_flash  # noqa: E402
 from attnformal.kernels.triton_flash import _first_query_head, _kv_head_of, _may_attend, _merge  # noqa: E402
@@ -39,7 +39,7 @@ from attnformal.spec import AttentionSpec, kv_head_of  # noqa: E402
 SMALL = TileSchedule(block_m=16, block_n=16)
 OUTPUTS = ("out", "lse", "dq", "dk", "dv")
 # FlashAttention-2 rounds P and dS to the input dtype before the P@V, dS@K and dS^T@Q
-# products, so fp16/bf16 results carry two roundings to the input dtype where conftest's
+# products, so fp16/bf16 results carry two roundings to the input dtype where kernel_checks'
 # table budgets one (the output's): twice its tolerance there.
 KERNEL_TOLERANCES = {dtype: (2 * rtol, 2 * atol) if dtype in (torch.float16, torch.bfloat16) else (rtol, atol)
                      for dtype, (rtol, atol) in TOLERANCES.items()}
@@ -51,7 +51,7 @@ KERNEL_TOLERANCES = {dtype: (2 * rtol, 2 * atol) if dtype in (torch.float16, tor
 
 def make_inputs(seed, *, batch=2, heads_q=1, heads_kv=1, len_q=37, len_k=29, head_dim=16, dtype=torch.float64,
                 **shape):
-    """conftest's seeded problem, at a size the interpreter gets through quickly."""
+    """kernel_checks' seeded problem, at a size the interpreter gets through quickly."""
     return make_problem(seed=seed, batch=batch, heads_q=heads_q, heads_kv=heads_kv, len_q=len_q, len_k=len_k,
                         head_dim=head_dim, dtype=dtype, **shape)
 

@@ -19,6 +19,8 @@ import contextlib
 import functools
 import importlib
 import math
+import os
+import sys
 import warnings
 
 import torch
@@ -188,7 +190,9 @@ def torch_tiled_split(q, k, v, **kwargs):
 
 
 def triton_flash(q, k, v, **kwargs):
-    """attnformal's Triton kernel (on CPU it needs TRITON_INTERPRET=1 before triton is imported)."""
+    """attnformal's Triton kernel; CPU tensors run it under the Triton interpreter."""
+    if q.device.type == "cpu" and "attnformal.kernels.triton_flash" not in sys.modules:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton reads it when the kernels are decorated
     try:
         from attnformal.kernels.triton_flash import attention
     except ImportError as err:

@@ -457,7 +457,7 @@ def _check_launchable(spec: AttentionSpec, schedule: TileSchedule, q):
     if q.device.type == "npu" and q.dtype == torch.float64:
         raise NotImplementedError("triton_flash: argument 'q': Ascend NPUs have no float64")
     if q.device.type == "cpu" and not _INTERPRETED:
-        raise RuntimeError("triton_flash: CPU tensors run only under the Triton interpreter: set "
+        raise NotImplementedError("triton_flash: CPU tensors run only under the Triton interpreter: set "
                            "TRITON_INTERPRET=1 before importing attnformal.kernels.triton_flash")
 
 

@@ -75,3 +75,37 @@ def test_npu_adapter_passes_scale_sparse_modes_and_the_inverted_mask(monkeypatch
 def test_npu_adapter_test_fails_when_the_mask_convention_is_wrong(monkeypatch):
     """Negative control: a kernel reading the mask as True = attend is caught."""
     assert not npu_battery(monkeypatch, mask_means_attend=True).passed
+
+
+TRITON_ON_CPU = """
+import os, torch
+from attnformal.adapters import triton_flash
+q = torch.randn(1, 1, 20, 16)
+out = triton_flash(q, q, q)
+print(os.environ.get("TRITON_INTERPRET"), tuple(out.shape))
+"""
+
+TRITON_IMPORTED_WITHOUT_INTERPRETER = """
+import torch
+import attnformal.kernels.triton_flash
+from attnformal.adapters import triton_flash
+q = torch.randn(1, 1, 20, 16)
+try:
+    triton_flash(q, q, q)
+except NotImplementedError as err:
+    print("unsupported:", err)
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None or torch.cuda.is_available(),
+                    reason="needs triton, and a machine without CUDA")
+def test_triton_adapter_runs_cpu_tensors_under_the_interpreter():
+    import os
+    import subprocess
+
+    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    run = lambda code: subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,  # noqa: E731
+                                      text=True, check=True).stdout
+    assert run(TRITON_ON_CPU).split() == ["1", "(1,", "1,", "20,", "16)"]
+    # Too late to switch to the interpreter once the kernels are decorated: unsupported, with the reason.
+    assert "run only under the Triton interpreter" in run(TRITON_IMPORTED_WITHOUT_INTERPRETER)

@@ -9,8 +9,10 @@ Each element's error is ``|impl - value|`` against the golden value. It is repor
   own rigorous radius plus a per-dtype allowance (``atol`` scales with the tensor's largest
   magnitude, so near-zero elements of a large tensor are judged on the tensor's scale).
 
-The default (rtol, atol) per dtype are coarse allowances for a quick check of a kernel
-that accumulates in float32; the conformance battery derives per-case tolerances.
+The default (rtol, atol) per dtype are the project's one table
+(:data:`attnformal.testing.TOLERANCES`), with ``atol`` scaled by the tensor's largest magnitude:
+a quick check of a kernel that accumulates in float32; the conformance battery derives per-case
+tolerances from the same table.
 """
 
 from __future__ import annotations
@@ -23,14 +25,7 @@ import torch
 
 from attnformal.oracle import forward_backward
 from attnformal.reference.golden import Golden
-
-TOLERANCES = {  # output dtype -> (rtol, atol)
-    torch.float16: (2e-3, 2e-3),
-    torch.bfloat16: (1.6e-2, 1e-2),
-    torch.float32: (1e-5, 1e-5),
-    torch.float64: (1e-10, 1e-10),
-}
-
+from attnformal.testing import tolerance_for
 
 @dataclass(frozen=True)
 class TensorReport:
@@ -88,7 +83,7 @@ def run_check(golden: Golden, impl, *, rtol: float | None = None, atol: float | 
 def compare(name: str, value: torch.Tensor, ref: torch.Tensor, radius: torch.Tensor, *,
             rtol: float | None = None, atol: float | None = None) -> TensorReport:
     """Error of ``value`` (its own dtype) against the golden ``ref +- radius``."""
-    default_rtol, default_atol = TOLERANCES.get(value.dtype, TOLERANCES[torch.float64])
+    default_rtol, default_atol = tolerance_for(value.dtype)
     rtol = default_rtol if rtol is None else rtol
     atol = default_atol if atol is None else atol
     x = value.to(torch.float64)

@@ -3,20 +3,36 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
+# torch: the CPU build, named explicitly (a bare "torch" requirement pulls a multi-GB CUDA build).
+# A wheel already on disk (pip's find-links) is used offline; otherwise PyTorch's CPU index.
+# To use a CUDA/NPU torch that is already installed instead: make test TORCH=system
+TORCH ?= torch==2.13.0+cpu
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+VENV_ARGS := $(if $(filter system,$(TORCH)),--system-site-packages,)
+# Numerics-sensitive tests run again under each of torch's CPU vector paths (it falls back
+# to the best one the CPU has), so an instruction-set assumption fails here, not on a user's machine.
+CPU_CAPABILITIES ?= default avx2
+
 .PHONY: prove test bench
 
 $(VENV)/.installed: pyproject.toml
-	python3 -m venv $(VENV)
-	# The CPU wheel, explicitly: a bare "torch" requirement would pull a multi-GB CUDA build.
-	$(PY) -m pip install -q torch==2.13.0
+	python3 -m venv $(VENV_ARGS) $(VENV)
+ifneq ($(TORCH),system)
+	$(PY) -m pip install -q --no-deps --no-index "$(TORCH)" 2>/dev/null || \
+		$(PY) -m pip install -q --no-deps --index-url $(TORCH_INDEX) "$(TORCH)"
+	$(PY) -m pip install -q "$(TORCH)" -e '.[test]'  # torch's own dependencies, then ours
+else
 	$(PY) -m pip install -q -e '.[test]'
+endif
 	touch $@
 
 prove: $(VENV)/.installed
 	$(PY) -m attnformal.prove
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q
+	ATEN_CPU_CAPABILITY=avx512 $(PY) -m pytest -q
+	for capability in $(CPU_CAPABILITIES); do \
+		ATEN_CPU_CAPABILITY=$$capability $(PY) -m pytest -q -m numerics || exit 1; done
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_kernels.py

@@ -30,7 +30,6 @@ from __future__ import annotations
 import itertools
 import sys
 
-import torch
 import z3
 
 from attnformal import masks, ops, schedule
@@ -73,6 +72,8 @@ def _triton_host():
 
 def specs(min_len_q=0):
     """``(label, spec)``: one spec per lengths and mask family; batch element ``b`` has ``kv_lens[b] = b``."""
+    import torch
+
     for len_q, len_k in itertools.product(range(min_len_q, MAX_LENGTH + 1), range(MAX_LENGTH + 1)):
         q, k = torch.zeros(len_k + 1, 1, len_q, 1), torch.zeros(len_k + 1, 1, len_k, 1)
         for causal, window, has_mask in itertools.product(masks.CAUSAL_MODES, WINDOWS, (False, True)):

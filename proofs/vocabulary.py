@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 import numpy
 import sympy
-import torch
 import z3
 
 from attnformal import ops
@@ -93,12 +92,18 @@ def z3_meets_the_definitions(budget: Budget):
                     budget=budget)
 
 
+def _tensor(values):
+    import torch
+
+    return torch.tensor(values)
+
+
 # How each family takes a column of operand values and gives back a list of results.
 FAMILIES = {
     "python": lambda call, columns: [call(*row) for row in zip(*columns)],
-    "torch": lambda call, columns: _listed(call(*(torch.tensor(c) for c in columns))),
+    "torch": lambda call, columns: _listed(call(*(_tensor(c) for c in columns))),
     "torch with Python operands": lambda call, columns: [
-        _item(call(*(torch.tensor(v) if k == 0 else v for k, v in enumerate(row)))) for row in zip(*columns)],
+        _item(call(*(_tensor(v) if k == 0 else v for k, v in enumerate(row)))) for row in zip(*columns)],
     "numpy": lambda call, columns: _listed(call(*(numpy.array(c) for c in columns))),
     "sympy": lambda call, columns: [_item(call(*(sympy.sympify(v) for v in row))) for row in zip(*columns)],
 }
@@ -153,8 +158,7 @@ CONTROLS = (
     Control("Python floordiv truncates", "ops floordiv on Python ints rounds toward zero",
             ops._Python, "floordiv", staticmethod(_truncating), interpretations_agree),
     Control("torch floordiv truncates", "ops floordiv on tensors uses rounding_mode='trunc'",
-            ops._Torch, "floordiv", staticmethod(lambda a, b: torch.div(a, b, rounding_mode="trunc")),
-            interpretations_agree),
+            ops._Torch, "floordiv", staticmethod(lambda a, b: a.div(b, rounding_mode="trunc")), interpretations_agree),
     Control("Z3 floordiv truncates", "ops floordiv on Z3 Ints rounds toward zero",
             ops._Z3, "floordiv", staticmethod(lambda a, b: z3.If(a >= 0, a / b, -((-a) / b))),
             z3_meets_the_definitions),

@@ -52,8 +52,12 @@ MAX_BOUND, MAX_REACH = 40, 20
 
 def checks(settings: Settings, budget: Budget):
     schedules = (*SCHEDULES, *(s for _, s in overriding(settings)))  # a named schedule's own class_table too
-    yield class_tables(schedules, budget)
     triton_flash = _triton_host()
+    tables = class_tables(schedules, budget)
+    if triton_flash is None:
+        tables = tables.but(detail=tables.detail + "; the Triton host tables and _window_args were NOT checked: "
+                                                   "triton is not installed")
+    yield tables
     if triton_flash is not None:
         yield triton_tables(triton_flash, schedules, budget)
     yield large_windows_exclude_nothing(budget)

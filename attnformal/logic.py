@@ -499,7 +499,8 @@ def check_exhaustively(claim: str, cases: Iterable[tuple[str, bool, Mapping[str,
             return Proof(claim, "exhaustive", UNKNOWN, case=case, queries=count, seconds=time.perf_counter() - start,
                          detail=f"obligation timeout reached after {count} cases of {domain}")
     return Proof(claim, "exhaustive", CHECKED if count else UNKNOWN, queries=count,
-                 seconds=time.perf_counter() - start, detail=f"checked for {domain}" if count else "no case was generated")
+                 seconds=time.perf_counter() - start,
+                 detail=f"checked for {domain}" if count else "no case was generated")
 
 
 # ---------------------------------------------------------------------------- obligations

@@ -372,12 +372,11 @@ def load_schedules(specs, optional=False):
         module_name, _, attribute = spec.partition(":")
         try:
             value = getattr(importlib.import_module(module_name), attribute)
-        except ModuleNotFoundError as error:
-            if optional and error.name != module_name:  # the kernel is there, a dependency is not
-                skipped.append(f"{spec} ({error})")
-                continue
-            raise ValueError(f"cannot load {spec!r} ({error})") from None
         except (ImportError, AttributeError) as error:
+            missing = error if isinstance(error, ModuleNotFoundError) else error.__cause__
+            if optional and isinstance(missing, ModuleNotFoundError) and missing.name != module_name:
+                skipped.append(f"{spec} ({error})")  # the kernel is there, a dependency is not
+                continue
             raise ValueError(f"cannot load {spec!r} ({error})") from None
         loaded = list(value) if isinstance(value, (list, tuple)) else [value]
         if not loaded or not all(isinstance(s, TileSchedule) for s in loaded):

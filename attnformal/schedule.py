@@ -103,11 +103,11 @@ class TileSchedule:
     def tile_class(self, bm, bn, g: MaskGeometry):
         return tile_class(bm, bn, g, self.block_m, self.block_n)
 
-    def kv_range(self, bm: int, g: MaskGeometry) -> range:
+    def kv_range(self, bm: int, g: MaskGeometry) -> range | Blocks:
         """The key blocks query block ``bm`` visits: exactly its non-SKIP tiles."""
         return blocks(*kv_block_range(bm, g, self.block_m, self.block_n))
 
-    def split_ranges(self, bm: int, g: MaskGeometry) -> list[range]:
+    def split_ranges(self, bm: int, g: MaskGeometry) -> list[range | Blocks]:
         """The visited key blocks of ``bm`` cut into ``num_splits`` contiguous parts (some empty)."""
         visited = self.kv_range(bm, g)
         return [blocks(*split_part(visited.start, visited.stop, self.num_splits, s)) for s in range(self.num_splits)]

@@ -6,7 +6,8 @@
   where ``part(s + 1)`` starts, and no part ends before it starts. So the parts are disjoint,
   in order, and their union is exactly ``[start, end)``.
 * **(b) ``TileSchedule.split_ranges`` as the kernels call it (Z3, all lengths and block sizes).**
-  On the schedule of obligation 5 (symbolic block sizes) for every mask geometry and
+  On the schedule of obligation 5 (symbolic block sizes) for every index-mask geometry (an
+  explicit mask does not enter the loop bounds: ``kv_block_range`` never reads it) and
   ``num_splits`` in 1..4 and each named schedule's own (and on a named schedule of another
   class, with its own methods): ``split_ranges(bm, g)`` has
   ``num_splits`` parts, the first starts where ``kv_range(bm, g)`` starts, the last ends where
@@ -61,7 +62,8 @@ def parts_partition(lemma, budget: Budget):
     this, following = schedule.split_part(start, end, n, s), schedule.split_part(start, end, n, s + 1)
     claim = z3.And(first[0] == start, last[1] == end, this[0] <= this[1],
                    z3.Implies(s + 1 < n, this[1] == following[0]))
-    hypotheses = (("start <= end", start <= end), ("num_splits >= 1", n >= 1), ("0 <= s < num_splits", z3.And(0 <= s, s < n)))
+    hypotheses = (("start <= end", start <= end), ("num_splits >= 1", n >= 1),
+                  ("0 <= s < num_splits", z3.And(0 <= s, s < n)))
     show = {"start": start, "end": end, "num_splits": n, "s": s, "part(s)": this[0], "part(s) end": this[1],
             "part(s+1)": following[0], "last end": last[1]}
     return check_z3("split_part: the parts of [start, end) are disjoint, in order, and cover it (every num_splits)",
@@ -82,7 +84,8 @@ def split_ranges_partition(lemma, schedules, budget: Budget):
                                parts[-1].stop == visited.stop, *(p.start <= p.stop for p in parts),
                                *(a.stop == b.start for a, b in zip(parts, parts[1:])))
                 show = {**t.show(), "kv_range start": visited.start, "kv_range stop": visited.stop,
-                        **{f"part {s} {end}": getattr(p, end) for s, p in enumerate(parts) for end in ("start", "stop")}}
+                        **{f"part {s} {side}": getattr(p, side) for s, p in enumerate(parts)
+                           for side in ("start", "stop")}}
                 yield Query(claim, t.hypotheses(), show, case=f"{label}; {family}")
 
     return check_z3(f"split_ranges(bm) cuts kv_range(bm) into num_splits contiguous parts, in order "
@@ -141,8 +144,8 @@ CONTROLS = (
                                                                                       budget)),
     Control("split_ranges drops a block per split", "split_part ends each part one key block early, "
             "as TileSchedule.split_ranges calls it", schedule, "split_part", _parts_one_short,
-            lambda budget: split_ranges_partition(floor_division_lemma(budget), [("num_splits=2", symbolic_schedule(2))],
-                                                  budget)),
+            lambda budget: split_ranges_partition(floor_division_lemma(budget),
+                                                  [("num_splits=2", symbolic_schedule(2))], budget)),
     Control("combine drops the last partial", "combine merges all partial states but the last",
             split_kv, "combine", _combine_all_but_last, combine_is_union),
     Control("combine drops the last of many", "combine merges all partial states but the last, from 3 on",

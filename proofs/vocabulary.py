@@ -31,7 +31,7 @@ import z3
 from attnformal import ops
 from attnformal.logic import Budget, Control, Query, Settings, check_exhaustively, check_z3
 
-TITLE = "One ops vocabulary (Python, torch, numpy, SymPy = Z3)"
+TITLE = "One ops vocabulary: every interpretation agrees"
 INTS, DIVISORS, BOOLS = range(-10, 11), range(1, 8), (False, True)
 DOMAIN = "every operand in -10..10, divisors 1..7, both booleans"
 

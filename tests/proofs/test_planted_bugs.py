@@ -111,6 +111,8 @@ def test_the_copy_is_what_runs_and_it_proves(tmp_path):
 @pytest.mark.parametrize("name, file, text, replacement, obligation, how", PLANTED, ids=[p[0] for p in PLANTED])
 def test_a_planted_bug_fails_the_prover_naming_its_obligation(tmp_path, name, file, text, replacement, obligation,
                                                                how):
+    if file.endswith("triton_flash.py"):
+        pytest.importorskip("triton")
     folder = installed_copy(tmp_path)
     plant(folder, file, text, replacement)
     result = prove(folder, "--only", str(obligation))

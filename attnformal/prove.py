@@ -16,6 +16,7 @@ decided is unknown.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import fnmatch
 import importlib
 import json
@@ -145,20 +146,32 @@ def _child(kind, number, module, settings, connection):
     connection.close()
 
 
-def run(chosen, settings: Settings, jobs: int):
-    """Run the checks and the controls of each chosen obligation, ``jobs`` processes at a time."""
+def run(chosen, settings: Settings, jobs: int, load_kernels=None):
+    """Run the checks and the controls of each chosen obligation, ``jobs`` processes at a time.
+
+    ``load_kernels(settings)`` adds the kernels' schedules. It runs once, right after the first
+    workers start (on tasks that need no schedule), so the kernels' imports (torch, triton)
+    overlap the first proofs and every later worker shares them. Returns the checks, the controls
+    and the settings they ran with.
+    """
     context = multiprocessing.get_context("fork")
-    pending = [(kind, number, module) for kind in ("checks", "controls") for number, module in chosen]
-    pending.sort(key=lambda task: -getattr(task[2], "COST", 1) if task[0] == "checks" else 0)  # longest first
+    pending = sorted(((kind, number, module) for kind in ("checks", "controls") for number, module in chosen),
+                     key=_cost, reverse=True)  # longest first
     running, results = {}, {}
     while pending or running:
         while pending and len(running) < jobs:
-            task = pending.pop(0)
+            task = next((t for t in pending if load_kernels is None or not _proves_schedules(t)), None)
+            if task is None:
+                break
+            pending.remove(task)
             receiver, sender = context.Pipe(duplex=False)
             process = context.Process(target=_child, args=(*task, settings, sender), daemon=True)
             process.start()
             sender.close()
             running[receiver] = (task, process, time.monotonic())
+        if load_kernels is not None:
+            settings, load_kernels = load_kernels(settings), None
+            continue
         for receiver in wait(list(running), timeout=0.5):
             task, process, _ = running.pop(receiver)
             try:
@@ -174,7 +187,17 @@ def run(chosen, settings: Settings, jobs: int):
                 results[task[:2]] = _failed(task, f"stopped after {settings.timeout + GRACE_S:.0f} s")
     checks = [results[("checks", n)] for n, _ in chosen]
     controls = [c for n, _ in chosen for c in results[("controls", n)]]
-    return checks, controls
+    return checks, controls, settings
+
+
+def _cost(task) -> float:
+    """Rough seconds: an obligation's ``COST``; its controls, a quarter of it."""
+    kind, _, module = task
+    return getattr(module, "COST", 1) * (1 if kind == "checks" else 0.25)
+
+
+def _proves_schedules(task) -> bool:
+    return task[0] == "checks" and getattr(task[2], "PROVES_SCHEDULES", False)
 
 
 def _failed(task, reason):
@@ -423,23 +446,28 @@ def parse(argv):
     if named and not any(getattr(module, "PROVES_SCHEDULES", False) for _, module in chosen):
         parser.error("argument '--schedule'/'--block-m': the selected obligations prove no schedule "
                      f"(--only {args.only!r}); select one that does, e.g. --only tile")
-    # Schedules load here, once, before the workers fork: a schedule named but not loadable is
-    # refused before any proving, and the workers share the kernels' imports (torch, triton).
-    notes = ()
-    if any(getattr(module, "PROVES_SCHEDULES", False) for _, module in chosen):
-        try:
-            kernels, skipped = load_schedules(KERNEL_SCHEDULES, optional=True)
-            users, _ = load_schedules(args.schedule)
-        except ValueError as error:
-            parser.error(f"argument '--schedule': {error}")
-        schedules, notes = [*kernels, *users, *schedules], tuple(skipped)
-    return args, chosen, Settings(timeout=args.timeout, schedules=tuple(schedules), notes=notes)
+    try:  # a schedule named but not loadable is refused before any proving
+        schedules = [*load_schedules(args.schedule)[0], *schedules]
+    except ValueError as error:
+        parser.error(f"argument '--schedule': {error}")
+    return args, chosen, Settings(timeout=args.timeout, schedules=tuple(schedules))
+
+
+def with_kernel_schedules(settings: Settings) -> Settings:
+    """``settings`` with the kernels' schedules first; a kernel whose optional dependency is missing
+    is skipped, and a note says so."""
+    try:
+        kernels, skipped = load_schedules(KERNEL_SCHEDULES, optional=True)
+    except ValueError as error:
+        sys.exit(f"python -m attnformal.prove: error: a kernel's schedule: {error}")
+    return dataclasses.replace(settings, schedules=(*kernels, *settings.schedules), notes=(*settings.notes, *skipped))
 
 
 def main(argv=None) -> int:
     start = time.perf_counter()
     args, chosen, settings = parse(argv)
-    checks, controls = run(chosen, settings, args.jobs)
+    proves_schedules = any(getattr(module, "PROVES_SCHEDULES", False) for _, module in chosen)
+    checks, controls, settings = run(chosen, settings, args.jobs, with_kernel_schedules if proves_schedules else None)
     wall = time.perf_counter() - start
     print(table(checks, controls, wall, args.jobs, settings))
     if args.json:

@@ -41,7 +41,7 @@ window bounds (Z3, unbounded integers, the tiling's own division semantics), aga
   an index expression of the tiling overflows int32, and the smallest at which the 32-bit
   result differs from the unbounded one; below the latter the proofs hold in int32 too.
 
-A refutation prints the smallest shape it finds (Z3 Optimize) with the missed tile and one
+A refutation prints the smallest shape it finds (bisection on Z3) with the missed tile and one
 allowed ``(i, j)`` in it, and writes a battery case for exactly that shape: a tiling class is
 itself an implementation of the protocol (``MyKernel(q, k, v, causal=...)`` runs the torch
 tiled loop with the tiling's own ``kv_blocks``/``split``/``masked`` decisions, the spec's merge
@@ -60,7 +60,7 @@ from pathlib import Path
 import z3
 
 from attnformal import ops, schedule
-from attnformal.logic import PROVED, REFUTED, UNKNOWN, Budget, Proof, Query, check_z3, render
+from attnformal.logic import PROVED, REFUTED, UNKNOWN, Budget, Proof, Query, check_z3, render, render_value
 from attnformal.masks import MaskGeometry, may_attend
 
 # ---------------------------------------------------------------------------- mask families
@@ -133,6 +133,7 @@ class KernelTiling(metaclass=_TilingClass):
     int_bits: int | None = None  # 32: also find where int32 index arithmetic overflows
     masks: tuple[str, ...] = ("dense",)
     kv_unit: str = "blocks"  # "keys": kv_blocks returns key positions [start, end)
+    clips_last_tile: bool = True  # keys: the last tile of a range stops at its end (else reads whole tiles)
     num_splits: int = 1  # split-KV parts; with more than one, define split()
     qhead_per_kvhead: int = 1  # packed GQA: query heads of one KV head packed into the rows
     controls: tuple = ()  # wrong variants (KernelTiling subclasses) the prover must refute
@@ -418,11 +419,29 @@ class _WindowShown:
         return f"({sides[0]}, {sides[1]})"
 
 
-def _visits_key(tiling, lo, hi, j):
-    """Whether the range ``[lo, hi)`` (blocks or keys) covers key ``j >= 0``."""
-    if tiling.kv_unit == "keys":
-        return z3.And(lo <= j, j < hi)
-    return z3.And(lo * tiling.block_n <= j, j < hi * tiling.block_n)
+def parts(tiling: KernelTiling, m_block, g) -> list[tuple]:
+    """The ranges the key loop of query block ``m_block`` walks: its split-KV parts (or stages), else
+    ``kv_blocks`` alone."""
+    if tiling.num_splits == 1:
+        return [tiling.kv_blocks(m_block, g)]
+    return [tiling.split(m_block, index, g) for index in range(tiling.num_splits)]
+
+
+def keys_of(tiling: KernelTiling, lo, hi):
+    """``(first, end)``: the keys the tiles of the range ``[lo, hi)`` read (empty unless ``lo < hi``)."""
+    if tiling.kv_unit == "blocks":
+        return lo * tiling.block_n, hi * tiling.block_n
+    if tiling.clips_last_tile:
+        return lo, hi
+    return lo, lo + tiling.ceil_div(hi - lo, tiling.block_n) * tiling.block_n  # whole tiles from lo
+
+
+def tile_at(tiling: KernelTiling, lo, n):
+    """``(first key, tile argument of masked)`` of tile ``n`` of a range starting at ``lo``."""
+    if tiling.kv_unit == "blocks":
+        return n * tiling.block_n, n
+    first = lo + n * tiling.block_n
+    return first, first  # a key loop's tile is named by its first key (Triton's start_n)
 
 
 # -- the obligations: each returns (claim, extra hypotheses, shown terms) or None when it does not apply
@@ -431,24 +450,37 @@ def _visits_key(tiling, lo, hi, j):
 def complete(s: _Symbolic):
     t = s.tiling
     m, row, j = z3.Ints("m_block row j")
-    lo, hi = t.kv_blocks(m, s.g)
     premise = z3.And(s.in_row_block(row, m), s.allowed(row, j))
-    missed = {"m_block": m, "n_block": j / t.block_n, "i": t.row_position(row), "j": j, "n_min": lo, "n_max": hi}
-    if t.qhead_per_kvhead > 1:
-        missed["row"] = row
-    return z3.Implies(premise, _visits_key(t, lo, hi, j)), (), missed
+    read = [keys_of(t, lo, hi) + (lo < hi,) for lo, hi in parts(t, m, s.g)]
+    shown = {"m_block": m, **({"n_block": j / t.block_n} if t.kv_unit == "blocks" else {}),
+             "i": t.row_position(row), "j": j, **({"row": row} if t.qhead_per_kvhead > 1 else {}),
+             **_ranges_shown(t, m, s.g)}
+    visited = z3.Or(*(z3.And(nonempty, first <= j, j < end) for first, end, nonempty in read))
+    return z3.Implies(premise, visited), (), shown
 
 
 def in_bounds(s: _Symbolic):
     t = s.tiling
     m = z3.Int("m_block")
-    lo, hi = t.kv_blocks(m, s.g)
-    visits = z3.And(0 <= m, m * t.block_m < s.rows, lo < hi)
-    if t.kv_unit == "keys":
-        inside = z3.And(0 <= lo, hi <= s.len_k)
-    else:
-        inside = z3.And(0 <= lo, (hi - 1) * t.block_n < s.len_k)  # hi <= cdiv(len_k, block_n)
-    return z3.Implies(visits, inside), (), {"m_block": m, "n_min": lo, "n_max": hi}
+    launched = z3.And(0 <= m, m * t.block_m < s.rows)
+    inside = [z3.Implies(lo < hi, z3.And(0 <= first, end <= _key_limit(t, s)))
+              for (lo, hi), (first, end) in ((part, keys_of(t, *part)) for part in parts(t, m, s.g))]
+    return z3.Implies(launched, z3.And(*inside)), (), {"m_block": m, **_ranges_shown(t, m, s.g)}
+
+
+def _ranges_shown(t, m, g) -> dict:
+    """The ranges of query block ``m`` as a counterexample shows them (in the kernel's own unit)."""
+    unit = "key blocks" if t.kv_unit == "blocks" else "keys"
+    ranges = parts(t, m, g)
+    if len(ranges) == 1:
+        return {unit: _RangeShown(*ranges[0])}
+    return {f"part {index} ({unit})": _RangeShown(lo, hi) for index, (lo, hi) in enumerate(ranges)}
+
+
+def _key_limit(t, s):
+    """The keys a tile may read: ``len_k``, rounded up to whole blocks for a block loop (its last
+    block is ragged and read under the mask)."""
+    return s.len_k if t.kv_unit == "keys" else t.ceil_div(s.len_k, t.block_n) * t.block_n
 
 
 def mask_safe(s: _Symbolic):
@@ -456,30 +488,33 @@ def mask_safe(s: _Symbolic):
     if "masked" not in _defined(t):
         return None
     m, n, row, j = z3.Ints("m_block n_block row j")
-    lo, hi = t.kv_blocks(m, s.g)
-    bn = t.block_n
-    if t.kv_unit == "keys":
-        in_tile = z3.And(0 <= n, lo + n * bn <= j, j < lo + (n + 1) * bn, j < hi)
-    else:
-        in_tile = z3.And(lo <= n, n < hi, n * bn <= j, j < (n + 1) * bn)
-    unmasked = z3.And(s.in_row_block(row, m), in_tile, ops.not_(t.masked(m, n, s.g)))
-    shown = {"m_block": m, "n_block": n, "i": t.row_position(row), "j": j}
-    return z3.Implies(unmasked, s.allowed(row, j)), (), shown
+    claims = []
+    for lo, hi in parts(t, m, s.g):
+        first, end = keys_of(t, lo, hi)
+        tile_first, tile_name = tile_at(t, lo, n)
+        in_tile = z3.And(lo < hi, 0 <= n, tile_first >= first, tile_first < end,
+                         tile_first <= j, j < tile_first + t.block_n, j < end)
+        unmasked = z3.And(s.in_row_block(row, m), in_tile, ops.not_(t.masked(m, tile_name, s.g)))
+        claims.append(z3.Implies(unmasked, s.allowed(row, j)))
+    shown = {"m_block": m, "tile": n, "i": t.row_position(row), "j": j}
+    return z3.And(*claims), (), shown
 
 
 def splits(s: _Symbolic):
     t = s.tiling
     if t.num_splits == 1:
         return None
-    m, n = z3.Ints("m_block n_block")
-    lo, hi = t.kv_blocks(m, s.g)
-    parts = [t.split(m, index, s.g) for index in range(t.num_splits)]
-    inside = [z3.Implies(a < b, z3.And(lo <= a, b <= hi)) for a, b in parts]
-    disjoint = [z3.Not(z3.And(a < b, c < d, a < d, c < b)) for (a, b), (c, d) in itertools.combinations(parts, 2)]
-    covered = z3.Implies(z3.And(lo <= n, n < hi), z3.Or(*(z3.And(a <= n, n < b) for a, b in parts)))
-    premise = z3.And(0 <= m, m * t.block_m < s.rows)
-    shown = {"m_block": m, "n_block": n, "n_min": lo, "n_max": hi,
-             **{f"split {index}": _RangeShown(a, b) for index, (a, b) in enumerate(parts)}}
+    m, j = z3.Ints("m_block j")
+    first, end = keys_of(t, *t.kv_blocks(m, s.g))
+    read = [keys_of(t, lo, hi) + (lo < hi,) for lo, hi in parts(t, m, s.g)]
+    whole = z3.And(first <= j, j < end)
+    in_part = [z3.And(nonempty, a <= j, j < b) for a, b, nonempty in read]
+    inside = [z3.Implies(p, whole) for p in in_part]
+    disjoint = [z3.Not(z3.And(p, q)) for p, q in itertools.combinations(in_part, 2)]
+    covered = z3.Implies(whole, z3.Or(*in_part))
+    premise = z3.And(0 <= m, m * t.block_m < s.rows, 0 <= j)
+    shown = {"m_block": m, "key": j, "keys of kv_blocks": _RangeShown(first, end),
+             **{f"keys of part {index}": _RangeShown(a, b) for index, (a, b, _) in enumerate(read)}}
     return z3.Implies(premise, z3.And(*inside, *disjoint, covered)), (), shown
 
 
@@ -512,14 +547,14 @@ class _RangeShown:
     hi: object
 
     def render(self, model) -> str:
-        return f"[{model.eval(self.lo, model_completion=True)}, {model.eval(self.hi, model_completion=True)})"
+        return f"[{render_value(model, self.lo)}, {render_value(model, self.hi)})"
 
 
 OBLIGATIONS = (
     ("complete", "every tile holding an allowed pair is visited", complete),
-    ("in bounds", "no visited key block lies outside the keys", in_bounds),
+    ("in bounds", "no tile reads a key outside the tensor", in_bounds),
     ("mask-safe", "an unmasked tile is FULL on its real rows", mask_safe),
-    ("splits", "split-KV parts are disjoint, inside the range and cover it", splits),
+    ("splits", "the parts read disjoint keys, inside the range, and cover it", splits),
     ("backward complete", "q_blocks visits every query block whose tile holds an allowed pair", backward_complete),
     ("backward in bounds", "q_blocks stays inside the query blocks", backward_in_bounds),
 )
@@ -549,13 +584,40 @@ def check_family(tiling: KernelTiling, family: MaskFamily, budget: Budget) -> li
     return out
 
 
-def _smallest_counterexample(query: Query, s: _Symbolic, budget: Budget, seconds: float = 5.0):
-    """A countermodel with the least ``len_q + len_k + window bounds`` (None if Optimize gives up)."""
-    opt = z3.Optimize()
-    opt.set("timeout", max(1, int(min(seconds, budget.left()) * 1000)))
-    opt.add(*(formula for _, formula in query.hypotheses), z3.Not(query.claim))
-    opt.minimize(z3.Sum(*s.inputs))
-    return opt.model() if opt.check() == z3.sat else None
+def _smallest_counterexample(query: Query, s: _Symbolic, budget: Budget):
+    """A countermodel with the least ``len_q + len_k + window bounds`` (None if none is found in time)."""
+    return least([*(formula for _, formula in query.hypotheses), z3.Not(query.claim)], [z3.Sum(*s.inputs)], budget)
+
+
+def least(formulas, objectives, budget: Budget, seconds: float = 10.0):
+    """A model of ``formulas`` that minimises each non-negative objective in turn (lexicographically).
+
+    Bisection on one incremental solver: on these queries it is one to two orders of magnitude
+    faster than ``z3.Optimize``. None when the formulas have no model; when time runs out, the
+    best model found so far.
+    """
+    end = time.monotonic() + min(seconds, budget.left())
+    solver = z3.Solver()
+    solver.add(*formulas)
+    solver.set("timeout", max(1, int((end - time.monotonic()) * 1000)))
+    if solver.check() != z3.sat:
+        return None
+    model = solver.model()
+    for objective in objectives:
+        low, high = 0, model.eval(objective, model_completion=True).as_long()
+        while low < high and time.monotonic() < end:
+            middle = (low + high) // 2
+            solver.set("timeout", max(1, int((end - time.monotonic()) * 1000)))
+            verdict = solver.check(objective <= middle)
+            if verdict == z3.sat:
+                model = solver.model()
+                high = model.eval(objective, model_completion=True).as_long()
+            elif verdict == z3.unsat:
+                low = middle + 1
+            else:
+                break
+        solver.add(objective == high)
+    return model
 
 
 # ---------------------------------------------------------------------------- waste
@@ -619,20 +681,19 @@ def int32_limit(tiling: KernelTiling, family: MaskFamily, budget: Budget) -> Pro
                                 for x in (s.len_q, s.len_k, s.left, s.right)))
     outputs = _checked_outputs(tiling, s, checked, _Checked(m), _Checked(n))
     claim = f"[{family.name}] int32: the smallest shape at which an index expression overflows"
-    opt = z3.Optimize()
-    opt.set("timeout", max(1, int(min(20.0, budget.left()) * 1000)))
-    opt.add(*(z3.And(x >= 0, x <= INT32[1]) for x in (*s.inputs, m, n)), *(f for _, f in s.hypotheses()))
-    opt.add(z3.Or(*(z3.And(used, value.overflow) for _, used, value in outputs)))
-    opt.minimize(z3.Sum(*s.inputs))
-    opt.minimize(m + n)
-    verdict = opt.check()
-    seconds = time.perf_counter() - start
+    premises = [*(z3.And(x >= 0, x <= INT32[1]) for x in (*s.inputs, m, n)), *(f for _, f in s.hypotheses())]
+    overflow = z3.Or(*(z3.And(used, value.overflow) for _, used, value in outputs))
+    probe = z3.Solver()
+    probe.set("timeout", max(1, int(budget.left() * 1000)))
+    probe.add(*premises, overflow)
+    verdict = probe.check()
     if verdict == z3.unsat:
-        return Proof(claim + ": none", "z3", PROVED, queries=1, seconds=seconds,
+        return Proof(claim + ": none", "z3", PROVED, queries=1, seconds=time.perf_counter() - start,
                      detail="int32: no index expression overflows for any int32 shape")
-    if verdict != z3.sat:
-        return Proof(claim, "z3", UNKNOWN, queries=1, seconds=seconds, detail=f"Optimize: {opt.reason_unknown()}")
-    model = opt.model()
+    model = least([*premises, overflow], [z3.Sum(*s.inputs), m + n], budget) if verdict == z3.sat else None
+    seconds = time.perf_counter() - start
+    if model is None:
+        return Proof(claim, "z3", UNKNOWN, queries=1, seconds=seconds, detail=f"z3: {probe.reason_unknown()}")
     where = next(name for name, used, value in outputs
                  if z3.is_true(model.eval(z3.And(used, value.overflow), model_completion=True)))
     shown = ", ".join(f"{k} = {v}" for k, v in render(model, {**s.shape(), "m_block": m, "n_block": n}).items())
@@ -689,8 +750,9 @@ def counterexample_case(proof: Proof, s: _Symbolic, impl: str, directory, *, max
                                                         len_k=len_k, head_dim=16), torch.float32, "cpu", seed,
                        grad=False, **kwargs)
     name = impl.rpartition(":")[2]
-    path = Path(directory) / f"tiling-{name}-{s.family.name}.pt"
-    write_reproducer(path, case, impl=impl, check=f"tiling:{proof.claim.split(':')[0]}")
+    obligation = proof.claim.split(":")[0].split("] ")[1].replace(" ", "-")
+    path = Path(directory) / f"tiling-{name}-{s.family.name}-{obligation}.pt"
+    write_reproducer(path, case, impl=impl, check=f"tiling:{obligation}")
     return f"python -m attnformal.verify --impl {impl} --replay {path}"
 
 
@@ -755,12 +817,12 @@ def _tiled_forward(tiling, spec, q, k, v):
             rows = torch.arange(m * tiling.block_m, min((m + 1) * tiling.block_m, len_q * pack), device=q.device)
             positions = tiling.row_position(rows)
             partials = []
-            for lo, hi in _key_ranges(tiling, m, g):
+            for lo, hi in parts(tiling, m, g):
                 state = empty_state((spec.heads_kv, group // pack, len(rows)), spec.head_dim_v, dtype=dtype,
                                     device=q.device)
-                for n, cols in _tiles(tiling, lo, hi):
+                for tile, cols in _tiles(tiling, lo, hi):
                     k_tile, v_tile = _read_keys(keys, values, cols, g.len_k)
-                    allowed = may_attend(positions[:, None], cols[None, :], g) if tiling.masked(m, n, g) else None
+                    allowed = may_attend(positions[:, None], cols[None, :], g) if tiling.masked(m, tile, g) else None
                     s, _ = tile_scores(packed[:, :, rows], k_tile, spec.scale, spec.softcap, allowed)
                     state = merge(state, block_state(s, v_tile))
                 partials.append(state)
@@ -774,23 +836,17 @@ def _tiled_forward(tiling, spec, q, k, v):
     return out, lse
 
 
-def _key_ranges(tiling, m, g):
-    if tiling.num_splits == 1:
-        return [tiling.kv_blocks(m, g)]
-    return [tiling.split(m, index, g) for index in range(tiling.num_splits)]
-
-
 def _tiles(tiling, lo, hi):
-    """``(n, key indices)`` of each tile the loop visits in ``[lo, hi)``."""
+    """``(tile argument of masked, key indices)`` of each tile the loop visits in ``[lo, hi)``."""
     import torch
 
     bn = tiling.block_n
-    if tiling.kv_unit == "keys":
-        for t in range(ops.cdiv(max(hi - lo, 0), bn)):
-            yield t, torch.arange(lo + t * bn, min(lo + (t + 1) * bn, hi))
-    else:
+    if tiling.kv_unit == "blocks":
         for n in range(lo, hi):
             yield n, torch.arange(n * bn, (n + 1) * bn)
+        return
+    for first in range(lo, hi, bn):
+        yield first, torch.arange(first, min(first + bn, hi) if tiling.clips_last_tile else first + bn)
 
 
 def _read_keys(keys, values, cols, len_k):
@@ -818,6 +874,15 @@ def load_tilings(spec: str) -> list[type]:
     return loaded
 
 
+REPRO_DIR = Path("verify-repro")  # where refutations leave their battery cases (the battery's own default)
+
+
+def kernel_obligations(specs, repro_dir=REPRO_DIR) -> list[tuple[int, TilingObligation]]:
+    """``[(number, obligation)]`` for ``--kernel`` specs, numbered in order; ValueError names a bad one."""
+    tilings = [(cls, spec) for spec in specs for cls in load_tilings(spec)]
+    return [(number, TilingObligation(cls, spec, repro_dir)) for number, (cls, spec) in enumerate(tilings, start=1)]
+
+
 def implementation_name(cls: type, origin: str) -> str:
     """How ``--impl`` names a tiling class: ``FILE.py:Name`` for a file, else ``module:Name``."""
     where = origin.rpartition(":")[0]
@@ -835,7 +900,7 @@ class TilingObligation:
         self.TITLE = f"kernel {cls.__name__}"
         self.__doc__ = cls.__doc__ or ""
         self.CONTROLS = [TilingControl(variant, origin, repro_dir) for variant in cls.controls]
-        self.CONTROLS.append(TilingControl(_one_block_short(cls), origin, None))
+        self.CONTROLS.append(TilingControl(_one_tile_short(cls), origin, None))
 
     def checks(self, settings, budget: Budget):
         tiling = self.cls()
@@ -879,9 +944,9 @@ def _with_replay(proof: Proof, s: _Symbolic, impl, directory, obligation):
         proof.detail = "; ".join(filter(None, (proof.detail, f"replay: {command}")))
 
 
-def _one_block_short(cls: type) -> type:
-    """The generic control: the same tiling with the last key block (or key) of every range dropped."""
-    step = 1
+def _one_tile_short(cls: type) -> type:
+    """The generic control: the same tiling with the last tile of every range dropped."""
+    step = 1 if cls.kv_unit == "blocks" else cls.block_n
 
     def kv_blocks(self, m_block, g):
         lo, hi = cls.kv_blocks(self, m_block, g)
@@ -892,7 +957,7 @@ def _one_block_short(cls: type) -> type:
         return lo, ops.minimum(hi, cls.kv_blocks(self, m_block, g)[1] - step)
 
     body = {"kv_blocks": kv_blocks, "controls": (), "__module__": cls.__module__,
-            "breaks": "the generic control: every range one key block (key) short at the top"}
+            "breaks": "the generic control: every range one tile short at the top"}
     if cls.num_splits > 1:
         body["split"] = split
-    return type(f"{cls.__name__}OneBlockShort", (cls,), body)
+    return type(f"{cls.__name__}OneTileShort", (cls,), body)

@@ -550,6 +550,7 @@ class _RangeShown:
         return f"[{render_value(model, self.lo)}, {render_value(model, self.hi)})"
 
 
+NOT_REPLAYED = ("in bounds", "backward complete", "backward in bounds")
 OBLIGATIONS = (
     ("complete", "every tile holding an allowed pair is visited", complete),
     ("in bounds", "no tile reads a key outside the tensor", in_bounds),
@@ -752,7 +753,7 @@ def counterexample_case(proof: Proof, s: _Symbolic, impl: str, directory, *, max
     name = impl.rpartition(":")[2]
     obligation = proof.claim.split(":")[0].split("] ")[1].replace(" ", "-")
     path = Path(directory) / f"tiling-{name}-{s.family.name}-{obligation}.pt"
-    write_reproducer(path, case, impl=impl, check=f"tiling:{obligation}")
+    write_reproducer(path, case, impl=impl, check=f"tiling:{obligation}", lse=True)
     return f"python -m attnformal.verify --impl {impl} --replay {path}"
 
 
@@ -936,8 +937,13 @@ class TilingControl:
 
 
 def _with_replay(proof: Proof, s: _Symbolic, impl, directory, obligation):
-    """Add the battery case of a refuted forward obligation (the executor runs the forward only)."""
-    if proof.status != REFUTED or impl is None or directory is None or obligation.startswith("backward"):
+    """Add the battery case of a refutation whose effect the executor's output shows.
+
+    Not for ``in bounds`` (a read outside the tensor that the mask then removes changes no output;
+    one that stays unmasked also refutes mask-safety, which writes the case) nor for ``backward``
+    (the executor's backward is autograd of its forward, not the tiling's ``q_blocks``).
+    """
+    if proof.status != REFUTED or impl is None or directory is None or obligation in NOT_REPLAYED:
         return
     command = counterexample_case(proof, s, impl, directory)
     if command:

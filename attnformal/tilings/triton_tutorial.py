@@ -84,13 +84,13 @@ class TritonTutorialStages64x128(TritonTutorialStages):
 
 
 class TritonTutorialOnBandUnmasked(TritonTutorialStages):
-    breaks = "stage 1 runs to (start_m + 1) * BLOCK_M: the diagonal block is computed without the causal mask " \
-             "(and again in stage 2)"
+    breaks = "the causal launch with STAGE = 1's loop: the on-band block joins stage 1 and runs without the mask"
 
-    def stage(self, start_m, stage, g):
-        if stage == 1:
-            return 0, (start_m + 1) * self.block_m
-        return TritonTutorialStages.stage(self, start_m, stage, g)
+    def split(self, m_block, split_idx, g):
+        return (0, (m_block + 1) * self.block_m if g.causal else g.len_k) if split_idx == 0 else (0, 0)
+
+    def masked(self, m_block, start_n, g):
+        return False
 
 
 class TritonTutorialLateMask(TritonTutorialForward):

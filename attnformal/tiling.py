@@ -822,8 +822,9 @@ def _tiled_forward(tiling, spec, q, k, v):
                 state = empty_state((spec.heads_kv, group // pack, len(rows)), spec.head_dim_v, dtype=dtype,
                                     device=q.device)
                 for tile, cols in _tiles(tiling, lo, hi):
-                    k_tile, v_tile = _read_keys(keys, values, cols, g.len_k)
-                    allowed = may_attend(positions[:, None], cols[None, :], g) if tiling.masked(m, tile, g) else None
+                    masked = tiling.masked(m, tile, g)
+                    k_tile, v_tile = _read_keys(keys, values, cols, g.len_k, unmasked=not masked)
+                    allowed = may_attend(positions[:, None], cols[None, :], g) if masked else None
                     s, _ = tile_scores(packed[:, :, rows], k_tile, spec.scale, spec.softcap, allowed)
                     state = merge(state, block_state(s, v_tile))
                 partials.append(state)
@@ -850,13 +851,14 @@ def _tiles(tiling, lo, hi):
         yield first, torch.arange(first, min(first + bn, hi) if tiling.clips_last_tile else first + bn)
 
 
-def _read_keys(keys, values, cols, len_k):
-    """K and V columns ``cols``; a key outside ``[0, len_k)`` reads as NaN (V as 0, as kernels clear it)."""
+def _read_keys(keys, values, cols, len_k, unmasked):
+    """K and V columns ``cols``; a key outside ``[0, len_k)`` that no mask removes reads as NaN, as
+    unguarded memory would (one the mask removes reads as 0, which keeps the gradients finite)."""
     import torch
 
     inside = (cols >= 0) & (cols < len_k)
     safe = torch.where(inside, cols, 0)
-    k_tile = torch.where(inside[:, None], keys[:, :, safe], float("nan"))
+    k_tile = torch.where(inside[:, None], keys[:, :, safe], float("nan") if unmasked else 0.0)
     v_tile = torch.where(inside[:, None], values[:, :, safe], 0.0)
     return k_tile, v_tile
 

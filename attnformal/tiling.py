@@ -136,6 +136,7 @@ class KernelTiling(metaclass=_TilingClass):
     clips_last_tile: bool = True  # keys: the last tile of a range stops at its end (else reads whole tiles)
     num_splits: int = 1  # split-KV parts; with more than one, define split()
     qhead_per_kvhead: int = 1  # packed GQA: query heads of one KV head packed into the rows
+    case_dtype: str = "float32"  # the dtype of the battery cases refutations write (the real kernel's)
     controls: tuple = ()  # wrong variants (KernelTiling subclasses) the prover must refute
     breaks: str = ""  # for a wrong variant: what it gets wrong
 
@@ -190,7 +191,8 @@ def _validate(cls):
 
     for name in ("block_m", "block_n", "num_splits", "qhead_per_kvhead"):
         positive(name)
-    choices = {"division": ("floor", "trunc"), "int_bits": (None, 32), "kv_unit": ("blocks", "keys")}
+    choices = {"division": ("floor", "trunc"), "int_bits": (None, 32), "kv_unit": ("blocks", "keys"),
+               "case_dtype": ("float32", "float16", "bfloat16")}
     for name, allowed in choices.items():
         if getattr(cls, name) not in allowed:
             raise TypeError(f"{cls.__name__}.{name}: expected one of {allowed}, got {getattr(cls, name)!r}")
@@ -747,13 +749,14 @@ def counterexample_case(proof: Proof, s: _Symbolic, impl: str, directory, *, max
     import torch
 
     kwargs = {"causal": s.family.causal, "window": window}
+    dtype = s.tiling.case_dtype
     case = random_case(f"tiling-{s.family.name}", shape(batch=1, heads_q=heads, heads_kv=1, len_q=len_q,
-                                                        len_k=len_k, head_dim=16), torch.float32, "cpu", seed,
-                       grad=False, **kwargs)
+                                                        len_k=len_k, head_dim=16), getattr(torch, dtype), "cpu",
+                       seed, grad=False, **kwargs)
     name = impl.rpartition(":")[2]
     obligation = proof.claim.split(":")[0].split("] ")[1].replace(" ", "-")
     path = Path(directory) / f"tiling-{name}-{s.family.name}-{obligation}.pt"
-    write_reproducer(path, case, impl=impl, check=f"tiling:{obligation}", lse=True)
+    write_reproducer(path, case, impl=impl, check=f"tiling:{obligation}", dtype=dtype, lse=True)
     return f"python -m attnformal.verify --impl {impl} --replay {path}"
 
 

@@ -35,6 +35,7 @@ class FA2Forward(KernelTiling):
     division = "trunc"
     int_bits = 32
     masks = BOTTOM_RIGHT_FAMILIES
+    case_dtype = "bfloat16"  # flash_attn runs fp16 and bf16 only: its cases replay on the real kernel
 
     def params(self, g):
         """``(Is_causal, Is_local, window_size_left, window_size_right)`` as the kernel receives them."""

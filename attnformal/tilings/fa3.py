@@ -35,6 +35,7 @@ class FA3Forward(KernelTiling):
     division = "floor"
     int_bits = 32
     masks = BOTTOM_RIGHT_FAMILIES
+    case_dtype = "bfloat16"  # flash_attn runs fp16 and bf16 only: its cases replay on the real kernel
 
     # -- interface.py: _resolve_causal_local_window
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-import textwrap
+from pathlib import Path
 
 import pytest
 import sympy
@@ -171,42 +171,19 @@ def test_int32_limit_finds_the_smallest_overflowing_shape():
 
 # ---------------------------------------------------------------------------- the command line and replay
 
-USER_FILE = '''
-from attnformal import ops
-from attnformal.tiling import KernelTiling
+DOC = Path(__file__).resolve().parents[2] / "docs" / "kernel-tilings.md"
 
 
-class MyKernel(KernelTiling):
-    """Bottom-right causal, FlashAttention-style."""
-    block_m, block_n = 64, 32
-    division = "trunc"
-    int_bits = 32
-    masks = ("dense", "bottom_right")
-
-    def kv_blocks(self, m_block, g):
-        n_max = self.ceil_div(g.len_k, self.block_n)
-        if g.causal:
-            n_max = ops.minimum(n_max, self.ceil_div((m_block + 1) * self.block_m + g.len_k - g.len_q, self.block_n))
-        return 0, n_max
-
-
-class TopLeft(MyKernel):
-    breaks = "top-left end under bottom-right causal"
-
-    def kv_blocks(self, m_block, g):
-        n_max = self.ceil_div(g.len_k, self.block_n)
-        if g.causal:
-            n_max = ops.minimum(n_max, self.ceil_div((m_block + 1) * self.block_m, self.block_n))
-        return 0, n_max
-
-
-MyKernel.controls = (TopLeft,)
-'''
-
-
-def test_prove_kernel_from_a_file(tmp_path, monkeypatch, capsys):
+def user_file(tmp_path) -> Path:
+    """The one-file example of docs/kernel-tilings.md, as a user would save it."""
+    code = DOC.read_text().split("```python\n", 1)[1].split("```", 1)[0]
     path = tmp_path / "my_kernel.py"
-    path.write_text(textwrap.dedent(USER_FILE))
+    path.write_text(code)
+    return path
+
+
+def test_the_documented_example_is_proved_from_its_file(tmp_path, monkeypatch, capsys):
+    path = user_file(tmp_path)
     monkeypatch.chdir(tmp_path)
     assert prove_main(["--kernel", f"{path}:MyKernel", "--json", "run.json", "--report", "run.md"]) == 0
     out = capsys.readouterr().out
@@ -215,23 +192,23 @@ def test_prove_kernel_from_a_file(tmp_path, monkeypatch, capsys):
     claims = [p["claim"] for p in data["obligations"][0]["checks"]]
     assert any(c.startswith("[bottom_right] int32") for c in claims) and any("waste" in c for c in claims)
     assert "## 1. kernel MyKernel -- proved" in (tmp_path / "run.md").read_text()
-    control = next(c for c in data["controls"] if c["name"] == "TopLeft")
-    assert f"--impl {path}:TopLeft --replay" in control["proof"]["detail"]
+    control = next(c for c in data["controls"] if c["name"] == "MyKernelTopLeft")
+    assert f"--impl {path}:MyKernelTopLeft --replay" in control["proof"]["detail"]
+    assert "Sq = 1, Sk = 129, m_block = 0, n_block = 2, i = 0, j = 128" in out  # as the document shows
 
 
 def test_a_refutation_becomes_a_case_the_battery_reproduces(tmp_path, monkeypatch, capsys):
     from attnformal.verify.__main__ import main as verify_main
 
-    path = tmp_path / "my_kernel.py"
-    path.write_text(textwrap.dedent(USER_FILE))
+    path = user_file(tmp_path)
     monkeypatch.chdir(tmp_path)
     obligation = kernel_obligations([f"{path}:MyKernel"], tmp_path / "repro")[0][1]
-    control = next(c for c in obligation.CONTROLS if c.name == "TopLeft")
+    control = next(c for c in obligation.CONTROLS if c.name == "MyKernelTopLeft")
     proof = control.run(None, Budget(60))
     assert proof.status == REFUTED
-    case = next((tmp_path / "repro").glob("tiling-TopLeft-bottom_right-complete.pt"))
+    case = tmp_path / "repro" / "tiling-MyKernelTopLeft-bottom_right-complete.pt"
     capsys.readouterr()
-    assert verify_main(["--impl", f"{path}:TopLeft", "--replay", str(case)]) == 1  # the bug shows
+    assert verify_main(["--impl", f"{path}:MyKernelTopLeft", "--replay", str(case)]) == 1  # the bug shows
     assert "FAIL" in capsys.readouterr().out
     assert verify_main(["--impl", f"{path}:MyKernel", "--replay", str(case)]) == 0  # the right tiling passes
     assert verify_main(["--impl", "torch-tiled", "--replay", str(case)]) == 0

@@ -3,12 +3,13 @@
 A kernel decides, in its own integer arithmetic, which key blocks a query block visits, which
 tiles get the element-wise mask, how split-KV cuts the range and how packed-GQA rows map to
 query positions. A :class:`KernelTiling` transcribes those few lines against
-:mod:`attnformal.ops` (so they evaluate on Python ints, Z3 integers and Z3 bit-vectors)::
+:mod:`attnformal.ops`, so they evaluate on Python ints (the executor), Z3 integers (the proofs)
+and range-checked Z3 integers (the int32 check)::
 
     class MyKernel(KernelTiling):
         block_m, block_n = 128, 64
         division = "trunc"                  # C/C++/CUDA/Triton ``/`` on signed ints; "floor": Python, CuTe DSL
-        int_bits = 32                       # also find the smallest shapes where int32 arithmetic overflows
+        int_bits = 32                       # also find the smallest shape where int32 arithmetic overflows
         masks = ("dense", "bottom_right")   # the mask families it supports (MASK_FAMILIES)
 
         def kv_blocks(self, m_block, g):    # g: the spec's MaskGeometry (len_q, len_k, causal, window)
@@ -19,35 +20,38 @@ query positions. A :class:`KernelTiling` transcribes those few lines against
 
 Optional: ``masked(m_block, n_block, g)`` (does the kernel apply the element-wise mask on this
 tile? default: always), ``q_blocks(n_block, g)`` (the backward's query blocks of a key block),
-``num_splits`` with ``split(m_block, split_idx, g)`` (split-KV), ``qhead_per_kvhead`` (packed
-GQA: query row ``r`` of a block is position ``row_position(r)``, default ``r // qhead_per_kvhead``),
-``requires(g)`` (preconditions on the shape, e.g. ``len_q == len_k``), and ``kv_unit = "keys"``
-for kernels whose key loop starts at an arbitrary key (``kv_blocks`` then returns key positions
-``[start, end)``, walked in steps of ``block_n``, the last step clipped at ``end``).
+``num_splits`` with ``split(m_block, split_idx, g)`` (split-KV parts, or a loop's stages),
+``qhead_per_kvhead`` (packed GQA: row ``r`` of a query block is position ``row_position(r)``,
+default ``r // qhead_per_kvhead``), ``requires(g)`` (preconditions on the shape, e.g.
+``len_q == len_k``), and ``kv_unit = "keys"`` for key loops that start at an arbitrary key
+(``kv_blocks`` then returns key positions ``[start, end)``, walked in steps of ``block_n``; the
+last tile stops at ``end`` unless ``clips_last_tile = False``). A symbolic length may not meet a
+Python ``if``: branch on the structure (``g.causal``, :func:`window_size`), compute on values with
+``ops.where``/``ops.minimum``/``ops.maximum``.
 
 Obligations, for every mask family the tiling declares, all lengths ``len_q, len_k >= 0`` and all
 window bounds (Z3, unbounded integers, the tiling's own division semantics), against the spec's
 ``masks.may_attend``:
 
-* *complete*: every tile holding an allowed pair is visited;
-* *in bounds*: no visited key block lies outside ``[0, cdiv(len_k, block_n))`` (keys: ``[0, len_k)``);
+* *complete*: every tile holding an allowed pair is visited (by some part);
+* *in bounds*: no tile reads a key outside the tensor (a block loop's ragged last block may);
 * *mask-safe*: on a tile the kernel leaves unmasked, every position of a real query row is allowed
   (the tile is FULL on the rows the kernel stores);
-* *splits*: the split-KV parts are disjoint, inside the visited range and cover it;
+* *splits*: the parts read disjoint keys, inside the visited range, and cover it;
 * *backward*: ``q_blocks`` visits every query block whose tile with the key block holds an
-  allowed pair, and stays inside ``[0, cdiv(rows, block_m))``;
-* *waste* (reported): the most visited SKIP tiles (``schedule.tile_class``) of one query block;
-* *int32* (``int_bits = 32``): the smallest shape (least ``len_q + len_k + window bounds``) at which
-  an index expression of the tiling overflows int32, and the smallest at which the 32-bit
-  result differs from the unbounded one; below the latter the proofs hold in int32 too.
+  allowed pair, and stays inside the query blocks;
+* *waste* (reported): the most visited SKIP tiles of one query block, over all shapes;
+* *int32* (``int_bits = 32``, reported): the smallest shape (least ``len_q + len_k + window
+  bounds``) at which an index expression of the tiling leaves int32; below it the int32 code
+  computes the values proven here.
 
-A refutation prints the smallest shape it finds (bisection on Z3) with the missed tile and one
-allowed ``(i, j)`` in it, and writes a battery case for exactly that shape: a tiling class is
-itself an implementation of the protocol (``MyKernel(q, k, v, causal=...)`` runs the torch
-tiled loop with the tiling's own ``kv_blocks``/``split``/``masked`` decisions, the spec's merge
-and finalize), so ``python -m attnformal.verify --impl my_file.py:MyKernel --replay FILE``
-fails on the buggy tiling and passes on a correct kernel. Proved by
-``python -m attnformal.prove --kernel my_file.py:MyKernel``.
+A refutation shows the smallest shape it finds with the missed tile and one allowed ``(i, j)``
+in it, and writes a battery case for exactly that shape: a tiling class is itself an
+implementation of the protocol (``MyKernel(q, k, v, causal=...)`` runs the torch tiled loop with
+the tiling's own ``kv_blocks``/``split``/``masked`` decisions and the spec's merge and finalize),
+so ``python -m attnformal.verify --impl my_file.py:MyKernel --replay FILE`` fails on the buggy
+tiling and passes on a correct kernel. ``python -m attnformal.prove --kernel my_file.py:MyKernel``
+runs it all; docs/kernel-tilings.md has a complete example.
 """
 
 from __future__ import annotations
@@ -178,8 +182,7 @@ class KernelTiling(metaclass=_TilingClass):
     @classmethod
     def overrides(cls) -> list[str]:
         """The methods this class defines itself (what a wrong variant replaces)."""
-        hooks = ("kv_blocks", "masked", "q_blocks", "split", "row_position", "requires")
-        return [name for name in hooks if name in vars(cls)]
+        return [name for name, value in vars(cls).items() if callable(value) and not name.startswith("_")]
 
 
 def _validate(cls):

@@ -95,6 +95,9 @@ MASK_FAMILIES = {
 }
 
 
+WITHOUT_TOP_LEFT = tuple(name for name, family in MASK_FAMILIES.items() if family.causal != "top_left")
+
+
 def family_of(g: MaskGeometry) -> MaskFamily:
     """The family of a concrete geometry (ints)."""
     window = None

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from attnformal import ops
 from attnformal.npu import INT_MAX, npu_mask_args
-from attnformal.tiling import KernelTiling
+from attnformal.tiling import WITHOUT_TOP_LEFT, KernelTiling
 
 ALL, CAUSAL, BAND = 0, 3, 4  # SparseEnum
 HIGH_PERF_BLOCK_SIZE = 128
@@ -39,8 +39,7 @@ class AscendFlashAttentionScore(KernelTiling):
     block_m, block_n = 128, 128  # s1BaseSize, s2BaseNratioSize
     division = "trunc"
     kv_unit = "keys"
-    masks = ("dense", "top_left", "bottom_right", "window", "window_left", "window_right", "bottom_right+window",
-             "bottom_right+window_left", "bottom_right+window_right")
+    masks = (*WITHOUT_TOP_LEFT, "top_left")  # sparse mode 2; no mode cuts top-left with a window
 
     def align_up(self, num1, num2):
         return ops.where(num1 < 0, -self.div(-num1, num2) * num2, self.div(num1 + num2 - 1, num2) * num2)

@@ -22,11 +22,7 @@ Tile: ``Flash_fwd_kernel_traits<128, 128, 64, 4>`` (head dim 128, causal and loc
 from __future__ import annotations
 
 from attnformal import ops
-from attnformal.tiling import KernelTiling
-
-BOTTOM_RIGHT_FAMILIES = ("dense", "bottom_right", "window", "window_left", "window_right", "bottom_right+window",
-                         "bottom_right+window_left", "bottom_right+window_right")
-
+from attnformal.tiling import WITHOUT_TOP_LEFT, KernelTiling
 
 class FA2Forward(KernelTiling):
     """FA2 forward, ``flash_fwd_kernel.h`` with the host's window normalisation (``flash_api.cpp``)."""
@@ -34,7 +30,7 @@ class FA2Forward(KernelTiling):
     block_m, block_n = 128, 64
     division = "trunc"
     int_bits = 32
-    masks = BOTTOM_RIGHT_FAMILIES
+    masks = WITHOUT_TOP_LEFT  # causal is bottom-right only
     case_dtype = "bfloat16"  # flash_attn runs fp16 and bf16 only: its cases replay on the real kernel
 
     def params(self, g):

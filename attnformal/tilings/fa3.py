@@ -22,11 +22,7 @@ CuTe DSL's ``//`` on ``Int32`` lowers to ``arith.floordivsi`` (floor division), 
 from __future__ import annotations
 
 from attnformal import ops
-from attnformal.tiling import KernelTiling, window_size
-
-BOTTOM_RIGHT_FAMILIES = ("dense", "bottom_right", "window", "window_left", "window_right", "bottom_right+window",
-                         "bottom_right+window_left", "bottom_right+window_right")
-
+from attnformal.tiling import WITHOUT_TOP_LEFT, KernelTiling, window_size
 
 class FA3Forward(KernelTiling):
     """FA3 forward (sm90 tile 128 x 128: causal / local, head dim 128) and backward block ranges."""
@@ -34,7 +30,7 @@ class FA3Forward(KernelTiling):
     block_m, block_n = 128, 128
     division = "floor"
     int_bits = 32
-    masks = BOTTOM_RIGHT_FAMILIES
+    masks = WITHOUT_TOP_LEFT  # causal is bottom-right only
     case_dtype = "bfloat16"  # flash_attn runs fp16 and bf16 only: its cases replay on the real kernel
 
     # -- interface.py: _resolve_causal_local_window

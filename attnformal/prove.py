@@ -128,8 +128,8 @@ def _run_controls(number, module, settings):
             proof = control.run(settings, budget)
         except Exception:
             proof = Proof(control.name, "python", UNKNOWN, detail=traceback.format_exc(limit=4))
-        results.append(ControlResult(number, control.name, control.breaks, control.replaces, control.expect,
-                                     _portable(proof)))
+        results.append(ControlResult(number, control.name, control.breaks, control.replaces,
+                                     getattr(control, "expect", REFUTED), _portable(proof)))
     return results
 
 
@@ -205,7 +205,8 @@ def _failed(task, reason):
     proof = Proof(f"obligation {number}", "python", UNKNOWN, detail=reason)
     if kind == "checks":
         return ObligationResult(number, module.__name__.rsplit(".", 1)[-1], module.TITLE, module.__doc__ or "", [proof])
-    return [ControlResult(number, c.name, c.breaks, c.replaces, c.expect, proof) for c in module.CONTROLS]
+    return [ControlResult(number, c.name, c.breaks, c.replaces, getattr(c, "expect", REFUTED), proof)
+            for c in module.CONTROLS]
 
 
 # ---------------------------------------------------------------------------- output
@@ -421,6 +422,9 @@ def parse(argv):
     parser.add_argument("--schedule", action="append", default=[], metavar="MODULE:ATTR",
                         help="also prove a kernel's TileSchedule (or a list of them), e.g. "
                              "attnformal.kernels.torch_tiled:DEFAULT_SCHEDULE")
+    parser.add_argument("--kernel", action="append", default=[], metavar="FILE.py:ATTR",
+                        help="prove a kernel's own tiling instead (an attnformal.tiling.KernelTiling subclass or a "
+                             "list of them; MODULE:ATTR too, e.g. attnformal.tilings:EXAMPLES); repeatable")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes (<= 2)")
     args = parser.parse_args(argv)
     if (args.block_m is None) != (args.block_n is None):
@@ -439,6 +443,17 @@ def parse(argv):
             schedules.append(("--block-m/--block-n", TileSchedule(args.block_m, args.block_n)))
         except ValueError as error:
             parser.error(f"argument '--block-m'/'--block-n': {error}")
+    if args.kernel:
+        from attnformal.tiling import kernel_obligations
+
+        if args.schedule or schedules:
+            parser.error("argument '--kernel': proves a kernel's own tiling instead of the spec's schedules; "
+                         "expected no --schedule or --block-m/--block-n with it")
+        try:
+            chosen = kernel_obligations(args.kernel)
+        except ValueError as error:
+            parser.error(str(error))
+        return args, chosen, Settings(timeout=args.timeout)
     chosen = selected(args.only)
     if not chosen:
         parser.error(f"argument '--only': expected a pattern matching an obligation, got {args.only!r}")

@@ -8,10 +8,14 @@ integer operation of ``ops`` is listed):
 
 * **(a) Z3 (proved, all integers).** The Z3 interpretation satisfies the operation's
   definition, e.g. ``floordiv(a, b) = q`` with ``q b <= a < q b + b`` for ``b >= 1`` (floor,
-  not truncation: negative ``a`` included), ``minimum(a, b)`` is ``<=`` both and one of them,
-  ``where(c, a, b)`` is ``a`` when ``c`` and ``b`` otherwise.
+  not truncation: negative ``a`` included); ``truncdiv`` (C's division, for kernels' index
+  arithmetic) leaves a remainder smaller than ``|b|`` with the sign of ``a``, for every ``b != 0``;
+  ``shr(a, k)`` is ``floor(a / 2**k)`` and ``shl(a, k)`` is ``a * 2**k`` for each shift
+  ``k = 0..5``; ``minimum(a, b)`` is ``<=`` both and one of them; ``where(c, a, b)`` is ``a``
+  when ``c`` and ``b`` otherwise.
 * **(b) Every other interpretation (checked exhaustively, bounded).** For every operand in the
-  domain -- integers ``-10..10``, divisors ``1..7``, both booleans -- the result on Python
+  domain -- integers ``-10..10``, divisors ``1..7`` (``-7..-1`` too for ``truncdiv``), shifts
+  ``0..5``, both booleans -- the result on Python
   ints, on torch int64 tensors (alone and with Python-int operands, as the kernels mix them),
   on numpy int64 arrays and on SymPy Integers equals the Z3 interpretation's value, which (a)
   shows is the definition.
@@ -33,15 +37,18 @@ from attnformal.logic import Budget, Control, Query, Settings, check_exhaustivel
 
 TITLE = "One ops vocabulary: every interpretation agrees"
 INTS, DIVISORS, BOOLS = range(-10, 11), range(1, 8), (False, True)
-DOMAIN = "every operand in -10..10, divisors 1..7, both booleans"
+NONZERO, SHIFTS = (*range(-7, 0), *range(1, 8)), range(0, 6)
+DOMAIN = "every operand in -10..10, divisors 1..7 (and -7..-1 for truncdiv), shifts 0..5, both booleans"
 
 
 @dataclass(frozen=True)
 class IntOp:
     """An integer or Boolean operation of the vocabulary.
 
-    ``operands`` names each operand's kind: ``"int"``, ``"divisor"`` (an int >= 1) or ``"bool"``;
-    ``meaning(result, *operands)`` is its definition as a Z3 formula.
+    ``operands`` names each operand's kind: ``"int"``, ``"divisor"`` (an int >= 1), ``"nonzero"``
+    (an int != 0), ``"shift"`` (a constant ``0 <= k``: a Python int in every family, as kernels
+    shift by constants) or ``"bool"``; ``meaning(result, *operands)`` is its definition as a Z3
+    formula.
     """
 
     name: str
@@ -53,6 +60,9 @@ class IntOp:
 INTEGER_OPS = (
     IntOp("floordiv", ops.floordiv, ("int", "divisor"), lambda q, a, b: z3.And(q * b <= a, a < q * b + b)),
     IntOp("cdiv", ops.cdiv, ("int", "divisor"), lambda q, a, b: z3.And(q * b >= a, a > q * b - b)),
+    IntOp("truncdiv", ops.truncdiv, ("int", "nonzero"), lambda q, a, b: _rounds_toward_zero(a - q * b, a, b)),
+    IntOp("shr", ops.shr, ("int", "shift"), lambda q, a, k: z3.And(q * 2**k <= a, a < (q + 1) * 2**k)),
+    IntOp("shl", ops.shl, ("int", "shift"), lambda r, a, k: r == a * 2**k),
     IntOp("minimum", ops.minimum, ("int", "int"), lambda r, a, b: z3.And(r <= a, r <= b, z3.Or(r == a, r == b))),
     IntOp("maximum", ops.maximum, ("int", "int"), lambda r, a, b: z3.And(r >= a, r >= b, z3.Or(r == a, r == b))),
     IntOp("where", ops.where, ("bool", "int", "int"), lambda r, c, a, b: r == z3.If(c, a, b)),
@@ -69,8 +79,15 @@ INTEGER_OPS = (
 # The operations of ops that are not integer operations (checked by obligations 1-4, 7, 8).
 REAL_OPS = ("exp", "log", "tanh", "is_neg_inf", "rowmax", "rowsum", "matmul")
 
-_Z3_SORTS = {"int": z3.IntSort(), "divisor": z3.IntSort(), "bool": z3.BoolSort()}
-_RANGES = {"int": INTS, "divisor": DIVISORS, "bool": BOOLS}
+
+def _rounds_toward_zero(remainder, a, b):
+    """C's division: ``|remainder| < |b|``, and the remainder is 0 or has the sign of ``a``."""
+    size = z3.If(remainder >= 0, remainder, -remainder)
+    return z3.And(size < z3.If(b >= 0, b, -b), z3.Or(remainder == 0, (remainder > 0) == (a > 0)))
+
+
+_Z3_SORTS = {"int": z3.IntSort(), "divisor": z3.IntSort(), "nonzero": z3.IntSort(), "bool": z3.BoolSort()}
+_RANGES = {"int": INTS, "divisor": DIVISORS, "nonzero": NONZERO, "shift": SHIFTS, "bool": BOOLS}
 
 
 def checks(settings: Settings, budget: Budget):
@@ -81,12 +98,15 @@ def checks(settings: Settings, budget: Budget):
 def z3_meets_the_definitions(budget: Budget):
     def queries():
         for op in INTEGER_OPS:
-            args = [z3.Const(f"{op.name}.{k}", _Z3_SORTS[kind]) for k, kind in enumerate(op.operands)]
-            result = op.call(*args)
-            divisors = [a >= 1 for a, kind in zip(args, op.operands) if kind == "divisor"]
-            hypotheses = (("divisors >= 1", z3.And(divisors)),) if divisors else ()
-            yield Query(op.meaning(result, *args), hypotheses, {**{f"operand {k}": a for k, a in enumerate(args)},
-                                                                "result": result}, case=op.name)
+            for shifts in itertools.product(*(SHIFTS if kind == "shift" else (None,) for kind in op.operands)):
+                args = [k if kind == "shift" else z3.Const(f"{op.name}.{n}", _Z3_SORTS[kind])
+                        for n, (kind, k) in enumerate(zip(op.operands, shifts))]
+                result = op.call(*args)
+                limits = [*(("divisors >= 1", a >= 1) for a, kind in zip(args, op.operands) if kind == "divisor"),
+                          *(("divisors != 0", a != 0) for a, kind in zip(args, op.operands) if kind == "nonzero")]
+                shown = {**{f"operand {n}": a for n, a in enumerate(args)}, "result": result}
+                yield Query(op.meaning(result, *args), tuple(limits), shown,
+                            case=op.name + "".join(f", shift {k}" for k in shifts if k is not None))
 
     return check_z3("(a) on Z3 terms each op is its definition (floordiv is floor division, ...)", queries(),
                     budget=budget)
@@ -128,7 +148,8 @@ def interpretations_agree(budget: Budget):
         for op in INTEGER_OPS:
             rows = list(itertools.product(*(_RANGES[kind] for kind in op.operands)))
             columns = list(zip(*rows))
-            expected = [_z3_value(op.call(*(_z3_constant(v) for v in row))) for row in rows]
+            expected = [_z3_value(op.call(*(_z3_constant(v, kind) for v, kind in zip(row, op.operands))))
+                        for row in rows]
             for family, evaluate in FAMILIES.items():
                 got = evaluate(op.call, columns)
                 wrong = next((k for k, (a, b) in enumerate(zip(got, expected)) if a != b or type(a) is not type(b)),
@@ -142,7 +163,9 @@ def interpretations_agree(budget: Budget):
                               domain=DOMAIN, budget=budget)
 
 
-def _z3_constant(value):
+def _z3_constant(value, kind):
+    if kind == "shift":
+        return value
     return z3.BoolVal(value) if isinstance(value, bool) else z3.IntVal(value)
 
 

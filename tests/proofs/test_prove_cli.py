@@ -81,6 +81,7 @@ def test_a_named_schedule_that_cannot_be_proven_is_refused_before_proving(capsys
     (["--block-m", "0", "--block-n", "4"], "--block-m"),
     (["--json", "/no/such/folder/r.json"], "--json"),
     (["--report", "/"], "--report"),
+    (["--kernel", "attnformal.tilings:EXAMPLES", "--block-m", "64", "--block-n", "64"], "--kernel"),
 ])
 def test_bad_arguments_give_one_clear_error(argv, message, capsys):
     start = time.perf_counter()

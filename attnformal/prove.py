@@ -138,7 +138,12 @@ def _portable(proof: Proof) -> Proof:
     return proof.but(model=None, by=tuple(_portable(lemma) for lemma in proof.by))
 
 
-TASKS = {"checks": _run_checks, "controls": _run_controls}
+def _run_both(number, module, settings):
+    return _run_checks(number, module, settings), _run_controls(number, module, settings)
+
+
+TASKS = {"checks": _run_checks, "controls": _run_controls, "both": _run_both}
+SPLIT_COST = 4  # an obligation this costly runs its checks and its controls in two workers, others in one
 
 
 def _child(kind, number, module, settings, connection):
@@ -155,7 +160,8 @@ def run(chosen, settings: Settings, jobs: int, load_kernels=None):
     and the settings they ran with.
     """
     context = multiprocessing.get_context("fork")
-    pending = sorted(((kind, number, module) for kind in ("checks", "controls") for number, module in chosen),
+    pending = sorted(((kind, number, module) for number, module in chosen
+                      for kind in (("checks", "controls") if getattr(module, "COST", 1) >= SPLIT_COST else ("both",))),
                      key=_cost, reverse=True)  # longest first
     running, results = {}, {}
     while pending or running:
@@ -175,38 +181,45 @@ def run(chosen, settings: Settings, jobs: int, load_kernels=None):
         for receiver in wait(list(running), timeout=0.5):
             task, process, _ = running.pop(receiver)
             try:
-                results[task[:2]] = receiver.recv()
+                _store(results, task, receiver.recv())
             except EOFError:
-                results[task[:2]] = _failed(task, f"worker exited with code {process.exitcode}")
+                _store(results, task, _failed(task, f"worker exited with code {process.exitcode}"))
             process.join()
         for receiver, (task, process, started) in list(running.items()):
-            if time.monotonic() - started > settings.timeout + GRACE_S:
+            limit = settings.timeout * (2 if task[0] == "both" else 1) + GRACE_S  # "both": two budgets
+            if time.monotonic() - started > limit:
                 process.kill()
                 process.join()
                 running.pop(receiver)
-                results[task[:2]] = _failed(task, f"stopped after {settings.timeout + GRACE_S:.0f} s")
+                _store(results, task, _failed(task, f"stopped after {limit:.0f} s"))
     checks = [results[("checks", n)] for n, _ in chosen]
     controls = [c for n, _ in chosen for c in results[("controls", n)]]
     return checks, controls, settings
 
 
+def _store(results, task, value):
+    kind, number, _ = task
+    for part, result in zip(("checks", "controls"), value) if kind == "both" else [(kind, value)]:
+        results[(part, number)] = result
+
+
 def _cost(task) -> float:
     """Rough seconds: an obligation's ``COST``; its controls, a quarter of it."""
     kind, _, module = task
-    return getattr(module, "COST", 1) * (1 if kind == "checks" else 0.25)
+    return getattr(module, "COST", 1) * {"checks": 1, "controls": 0.25, "both": 1.25}[kind]
 
 
 def _proves_schedules(task) -> bool:
-    return task[0] == "checks" and getattr(task[2], "PROVES_SCHEDULES", False)
+    return task[0] != "controls" and getattr(task[2], "PROVES_SCHEDULES", False)
 
 
 def _failed(task, reason):
     kind, number, module = task
     proof = Proof(f"obligation {number}", "python", UNKNOWN, detail=reason)
-    if kind == "checks":
-        return ObligationResult(number, module.__name__.rsplit(".", 1)[-1], module.TITLE, module.__doc__ or "", [proof])
-    return [ControlResult(number, c.name, c.breaks, c.replaces, getattr(c, "expect", REFUTED), proof)
-            for c in module.CONTROLS]
+    checks = ObligationResult(number, module.__name__.rsplit(".", 1)[-1], module.TITLE, module.__doc__ or "", [proof])
+    controls = [ControlResult(number, c.name, c.breaks, c.replaces, getattr(c, "expect", REFUTED), proof)
+                for c in module.CONTROLS]
+    return {"checks": checks, "controls": controls, "both": (checks, controls)}[kind]
 
 
 # ---------------------------------------------------------------------------- output

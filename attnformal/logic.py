@@ -3,15 +3,22 @@
 A check states its theorem in plain words, gives the solver the hypotheses and the
 instances of the axioms it may use, and asserts the negation of the claim:
 
-* ``unsat``  -- **proved**, from the hypotheses and the axiom instances it was given (named
-  in the proof);
+* ``unsat``  -- **proved**; the solver's unsat core names the hypotheses and axioms the proof
+  actually used, and only those are recorded (an axiom that was offered but not needed is not);
 * a model    -- **refuted**; the model is rendered as a readable counterexample;
 * anything else (``unknown``, a timeout) -- **unknown**, never proved; the query is kept
   in SMT-LIB form so it can be replayed.
 
 Before the negation goes in, the solver must find a model of the hypotheses together with
-the axiom instances. That shows the axioms are consistent (they hold somewhere) and the
-theorem is not vacuously true; if there is no such model the check is **vacuous**, a failure.
+the axiom instances and, for a claim ``premise => conclusion``, the premise. That shows the
+axioms are consistent (they hold somewhere) and the theorem is not vacuously true in that
+case; if there is no such model the check is **vacuous**, a failure.
+
+Proofs are immutable. A proof that rests on proven lemmas names them in ``by`` (as in
+knuckledragger's ``kdrag/kernel.py``), so the dependency graph is data; a lemma enters a query
+as an axiom schema that carries its proof, and only a lemma the unsat core shows was used is
+named. A check run exhaustively on a bounded domain is **checked** on that domain, never
+proved.
 
 Axioms are few, named and justified; they are quantifier-free *schemas*, instantiated on the
 terms of each query (``exp(a) * exp(b) = exp(a + b)`` for the ``exp`` terms present), which
@@ -24,66 +31,94 @@ on the symbols (real, positive...), which those points satisfy, so they are neve
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import random
 import signal
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
 import z3
 
-PROVED, REFUTED, UNKNOWN, VACUOUS = "proved", "refuted", "unknown", "vacuous"
+PROVED, CHECKED, REFUTED, UNKNOWN, VACUOUS = "proved", "checked", "refuted", "unknown", "vacuous"
 
 
 # ---------------------------------------------------------------------------- values
 
 
 @dataclass(frozen=True)
-class Axiom:
-    """A named axiom schema: ``instances(index)`` gives its ground instances for a query's terms."""
-
-    name: str
-    statement: str
-    justification: str
-    instances: Callable[["TermIndex"], list]
-
-
-@dataclass
 class Proof:
-    """The outcome of one check: what was claimed, how it was decided, and the evidence."""
+    """The outcome of one check: what was claimed, how it was decided, and the evidence.
+
+    Immutable; :meth:`but` gives a changed copy. ``hypotheses`` and ``axioms`` are the ones the
+    proof used (from the unsat cores), ``by`` the proven lemmas it was built from.
+    """
 
     claim: str
     tool: str
     status: str
     hypotheses: tuple[str, ...] = ()
-    axioms: tuple[str, ...] = ()  # the axioms (and proven lemmas) the proof depends on
-    countermodel: dict[str, str] | None = None
+    axioms: tuple[str, ...] = ()
+    by: tuple[Proof, ...] = ()
+    countermodel: Mapping[str, str] | None = None
     case: str = ""  # the case that failed, when a check splits into cases
     queries: int = 0
     seconds: float = 0.0
-    detail: str = ""  # why unknown or vacuous
+    detail: str = ""  # why unknown or vacuous; for a checked proof, the domain it was checked on
     query: str = ""  # SMT-LIB of an unknown query, for replay
     model: Any = field(default=None, repr=False, compare=False)  # the raw countermodel, when asked for
 
     @property
     def ok(self) -> bool:
-        return self.status == PROVED
+        return self.status in (PROVED, CHECKED)
+
+    def but(self, **changes) -> Proof:
+        return dataclasses.replace(self, **changes)
 
     def to_json(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k != "model"}
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("model", "by")}
+        out["countermodel"] = dict(self.countermodel) if self.countermodel is not None else None
+        out["by"] = [lemma.claim for lemma in self.by]
+        return out
+
+
+@dataclass(frozen=True)
+class Axiom:
+    """A named axiom schema: ``instances(index)`` gives its ground instances for a query's terms.
+
+    A schema that is a proven lemma (not a true axiom) carries its proof in ``by``.
+    """
+
+    name: str
+    statement: str
+    justification: str
+    instances: Callable[["TermIndex"], list]
+    by: tuple[Proof, ...] = ()
+
+    def describe(self) -> str:
+        return f"{self.name}: {self.statement} ({self.justification})"
 
 
 @dataclass(frozen=True)
 class Query:
-    """One solver query: ``hypotheses => claim``; ``show`` names the terms a counterexample prints."""
+    """One solver query: ``hypotheses => claim``; ``show`` names the terms a counterexample prints.
+
+    A claim ``Implies(premise, conclusion)`` is a conditional theorem: its premise must have a
+    model together with the hypotheses, or the case is vacuous.
+    """
 
     claim: Any
     hypotheses: tuple[tuple[str, Any], ...] = ()
     show: Mapping[str, Any] = field(default_factory=dict)
     case: str = ""
+
+    def premise_and_conclusion(self):
+        if z3.is_implies(self.claim):
+            return self.claim.arg(0), self.claim.arg(1)
+        return None, self.claim
 
 
 class Budget:
@@ -105,64 +140,106 @@ def plain_solver(timeout_s: float) -> z3.Solver:
     return solver
 
 
+def minimal_core_solver(timeout_s: float) -> z3.Solver:
+    """:func:`plain_solver` whose unsat cores are minimal: no axiom in one can be dropped. Cheap
+    where many axiom schemas are offered (the IEEE theorems); on nonlinear integer queries Z3's
+    minimisation can run until the timeout, so they keep the plain core (which may name more)."""
+    solver = plain_solver(timeout_s)
+    solver.set("core.minimize", True)
+    return solver
+
+
 def bitblast_solver(timeout_s: float) -> z3.Solver:
     """A solver for quantifier-free IEEE queries: to bit-vectors, uninterpreted functions
     (exp, log) eliminated by Ackermann's reduction, then SAT -- several times faster than
-    Z3's default on these queries."""
+    Z3's default on these queries. It gives no unsat cores (see :func:`_decide`)."""
     tactic = z3.Then("simplify", "fpa2bv", "simplify", "propagate-values", "ackermannize_bv", "bit-blast", "sat")
     return z3.TryFor(tactic, max(1, int(timeout_s * 1000))).solver()
 
 
+bitblast_solver.gives_cores = False
+
+
 def check_z3(claim: str, queries: Iterable[Query], *, budget: Budget, axioms: Sequence[Axiom] = (),
-             solver: Callable[[float], z3.Solver] = plain_solver, keep_model: bool = False) -> Proof:
-    """Decide every query (the cases of one theorem); the theorem is proved iff all are."""
+             by: Sequence[Proof] = (), solver: Callable[[float], z3.Solver] = plain_solver,
+             keep_model: bool = False) -> Proof:
+    """Decide every query (the cases of one theorem); the theorem is proved iff all are.
+
+    ``by``: proven lemmas the theorem rests on outside the solver; with the lemmas behind the
+    axioms the cores show were used, they become the proof's ``by``. A lemma that is not
+    proved leaves the theorem unknown.
+    """
     start = time.perf_counter()
-    used: set[str] = set()
+    unproved = [p.claim for p in (*by, *(p for a in axioms for p in a.by)) if not p.ok]
+    if unproved:
+        return Proof(claim, "z3", UNKNOWN, detail="rests on lemmas that were not proved: " + "; ".join(unproved))
     hypotheses: dict[str, None] = {}
+    used: dict[str, None] = {}
+    notes: dict[str, None] = {}
     count = 0
     for query in queries:
         count += 1
-        hypotheses.update((text, None) for text, _ in query.hypotheses)
-        outcome = _decide(query, axioms, budget, solver, keep_model)
+        outcome, used_hypotheses, used_axioms = _decide(query, axioms, budget, solver, keep_model)
         if outcome.status != PROVED:
-            outcome.claim, outcome.hypotheses, outcome.queries = claim, tuple(hypotheses), count
-            outcome.seconds = time.perf_counter() - start
-            return outcome
-        used.update(outcome.axioms)
-    return Proof(claim, "z3", PROVED if count else UNKNOWN, tuple(hypotheses), tuple(sorted(used)),
+            return outcome.but(claim=claim, queries=count, seconds=time.perf_counter() - start,
+                               hypotheses=tuple(text for text, _ in query.hypotheses))
+        hypotheses.update(dict.fromkeys(used_hypotheses))
+        used.update(dict.fromkeys(used_axioms))
+        notes.update(dict.fromkeys(filter(None, [outcome.detail and f"{query.case}: {outcome.detail}"])))
+    lemmas = (*by, *(p for a in axioms if a.name in used for p in a.by))
+    return Proof(claim, "z3", PROVED if count else UNKNOWN, tuple(hypotheses),
+                 tuple(sorted(a.describe() for a in axioms if a.name in used)), tuple(lemmas),
                  queries=count, seconds=time.perf_counter() - start,
-                 detail="" if count else "no query was generated")
+                 detail="; ".join(notes) if count else "no query was generated")
 
 
-def _decide(query: Query, axioms: Sequence[Axiom], budget: Budget, solver_for, keep_model=False) -> Proof:
-    """Two fresh solvers: one finds a model of hypotheses + axioms, one refutes the negation.
+_TRACK = "track:"  # prefix of the Boolean names that label tracked assertions
+
+
+def _decide(query: Query, axioms: Sequence[Axiom], budget: Budget, solver_for, keep_model=False):
+    """``(proof, hypotheses used, axioms used)``: one solver finds a model of the hypotheses, the
+    axiom instances and the premise; another refutes the negation, tracking what it uses.
 
     Each makes a single ``check``: Z3 then picks its best strategy for the logic (nonlinear
     integer queries are orders of magnitude faster than in incremental mode).
     """
     if budget.left() <= 0:
-        return Proof("", "z3", UNKNOWN, case=query.case, detail="obligation timeout reached before this query")
+        return Proof("", "z3", UNKNOWN, case=query.case, detail="obligation timeout reached before this query"), (), ()
+    premise, conclusion = query.premise_and_conclusion()
     terms = TermIndex([query.claim, *(formula for _, formula in query.hypotheses)]) if axioms else None
     instances = {axiom.name: axiom.instances(terms) for axiom in axioms}
-    instances = {name: formulas for name, formulas in instances.items() if formulas}
-    labelled = [*((f"axiom {n}", z3.And(*f)) for n, f in instances.items()),
-                *((f"hypothesis {t}", f) for t, f in query.hypotheses)]
-    not_vacuous = _satisfiable(labelled, query, budget)
+    labelled = [*((("axiom", n), z3.And(*f)) for n, f in instances.items() if f),
+                *((("hypothesis", t), f) for t, f in query.hypotheses)]
+    premises = labelled + ([(("premise", "the premise of the claim"), premise)] if premise is not None else [])
+    not_vacuous = _satisfiable(premises, query, budget)
     if not_vacuous is not None:
-        return not_vacuous
+        return not_vacuous, (), ()
 
-    solver = solver_for(budget.left())
-    solver.add(*(formula for _, formula in labelled), z3.Not(query.claim))
-    verdict = solver.check()
+    negation = [*([premise] if premise is not None else []), z3.Not(conclusion)]
+    solver = solver_for(budget.left() / 2 if labelled else budget.left())  # half: see the retry below
+    for index, (_, formula) in enumerate(labelled):
+        solver.assert_and_track(formula, z3.Bool(f"{_TRACK}{index}"))
+    solver.add(*negation)
+    verdict, detail = solver.check(), ""
+    core = {int(str(label).removeprefix(_TRACK)) for label in solver.unsat_core()} if verdict == z3.unsat else None
+    if verdict == z3.unknown and labelled and budget.left() > 0:
+        # Tracked assertions turn off some of Z3's preprocessing; decide without them, and
+        # then everything the solver was given counts as used.
+        solver = solver_for(budget.left())
+        solver.add(*(formula for _, formula in labelled), *negation)
+        verdict, detail = solver.check(), "no unsat core (undecided with tracked assertions): all given are listed"
     if verdict == z3.unsat:
-        used = (f"{a.name}: {a.statement} ({a.justification})" for a in axioms if a.name in instances)
-        return Proof("", "z3", PROVED, axioms=tuple(sorted(used)), case=query.case)
+        if core is None or not getattr(solver_for, "gives_cores", True):  # no core: all counts as used
+            core = set(range(len(labelled)))
+        used = [labelled[index][0] for index in sorted(core)]
+        return (Proof("", "z3", PROVED, case=query.case, detail=detail),
+                [name for kind, name in used if kind == "hypothesis"], [name for kind, name in used if kind == "axiom"])
     if verdict == z3.sat:
         model = solver.model()  # before the readability attempt, which may end without one
         model = _readable_model(solver, query.show) or model
         return Proof("", "z3", REFUTED, case=query.case, countermodel=render(model, query.show),
-                     model=model if keep_model else None)
-    return _unknown(solver, query, solver.reason_unknown())
+                     model=model if keep_model else None), (), ()
+    return _unknown(solver, query, solver.reason_unknown()), (), ()
 
 
 _SATISFIABLE: set[tuple[str, ...]] = set()  # premises already shown satisfiable (as SMT-LIB text)
@@ -178,8 +255,8 @@ def _satisfiable(labelled, query: Query, budget: Budget) -> Proof | None:
     if key in _SATISFIABLE:
         return None
     solver = plain_solver(budget.left())  # finding a model is easy; the tactics need not return one
-    for index, (text, formula) in enumerate(labelled):
-        solver.assert_and_track(formula, z3.Bool(f"[{index}] {text}"))
+    for index, ((kind, text), formula) in enumerate(labelled):
+        solver.assert_and_track(formula, z3.Bool(f"[{index}] {kind} {text}"))
     verdict = solver.check()
     if verdict == z3.sat:
         if key is not None:
@@ -188,8 +265,8 @@ def _satisfiable(labelled, query: Query, budget: Budget) -> Proof | None:
     if verdict == z3.unsat:
         core = sorted(str(label) for label in solver.unsat_core())
         return Proof("", "z3", VACUOUS, case=query.case,
-                     detail="no model of the hypotheses and axiom instances; conflicting: " + "; ".join(core))
-    return _unknown(solver, query, "satisfiability of the hypotheses: " + solver.reason_unknown())
+                     detail="no model of the hypotheses, axiom instances and premise; conflicting: " + "; ".join(core))
+    return _unknown(solver, query, "satisfiability of the hypotheses and premise: " + solver.reason_unknown())
 
 
 def _readable_model(solver, show):
@@ -401,17 +478,41 @@ def _alarm(seconds: float):
         signal.signal(signal.SIGALRM, previous)
 
 
+# ---------------------------------------------------------------------------- bounded domains
+
+
+def check_exhaustively(claim: str, cases: Iterable[tuple[str, bool, Mapping[str, Any]]], *, domain: str,
+                       budget: Budget) -> Proof:
+    """Check every case of a finite domain: **checked** for ``domain`` when all hold -- never proved.
+
+    ``cases`` yields ``(case, holds, shown)``; the first case that does not hold refutes the
+    claim, with ``shown`` (names to values) as its counterexample.
+    """
+    start = time.perf_counter()
+    count = 0
+    for case, holds, shown in cases:
+        count += 1
+        if not holds:
+            return Proof(claim, "exhaustive", REFUTED, countermodel={k: str(v) for k, v in shown.items()},
+                         case=case, queries=count, seconds=time.perf_counter() - start, detail=f"checked for {domain}")
+        if budget.left() <= 0:
+            return Proof(claim, "exhaustive", UNKNOWN, case=case, queries=count, seconds=time.perf_counter() - start,
+                         detail=f"obligation timeout reached after {count} cases of {domain}")
+    return Proof(claim, "exhaustive", CHECKED if count else UNKNOWN, queries=count,
+                 seconds=time.perf_counter() - start,
+                 detail=f"checked for {domain}" if count else "no case was generated")
+
+
 # ---------------------------------------------------------------------------- obligations
 
 
 @dataclass(frozen=True)
 class Settings:
-    """What a run proves for: the per-obligation timeout and the tile schedules to check."""
+    """What a run proves for: the per-obligation timeout and the schedules it names."""
 
     timeout: float = 60.0
-    schedules: tuple = ()  # ((label, TileSchedule), ...)
-    schedule_specs: tuple = ()  # ("module:attribute", ...) the user named: must load
-    kernel_schedule_specs: tuple = ()  # the project's kernels: skipped if an optional dependency is missing
+    schedules: tuple = ()  # ((label, TileSchedule), ...): the kernels' and the user's, loaded before proving
+    notes: tuple = ()  # what was not loaded, and why (a kernel whose optional dependency is missing)
 
 
 @dataclass(frozen=True)
@@ -419,6 +520,8 @@ class Control:
     """A negative control: one definition replaced by a broken one, and the check it must fail.
 
     The prover must come back *refuted*, with a counterexample: that shows the check can fail.
+    A control that breaks a conditional theorem by making its premise impossible (a tile class
+    that is never FULL) must come back *vacuous* instead: ``expect``.
     """
 
     name: str
@@ -427,6 +530,7 @@ class Control:
     attribute: str
     replacement: Any  # the broken definition
     check: Callable[[Budget], Proof]
+    expect: str = REFUTED
 
     @property
     def replaces(self) -> str:
@@ -444,7 +548,7 @@ class Control:
 
 @contextlib.contextmanager
 def patched(target, name: str, value):
-    """Temporarily replace ``target.name`` (a spec function or constant) by a broken ``value``."""
+    """Temporarily replace ``target.name`` (a spec function, method or constant) by a broken ``value``."""
     original = getattr(target, name)
     setattr(target, name, value)
     try:

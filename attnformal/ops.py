@@ -479,7 +479,7 @@ def _trunc_z3(a, b):
 def _trunc_sympy(a, b):
     import sympy
 
-    return sympy.sign(a) * sympy.floor(sympy.Abs(a) / b)
+    return sympy.sign(a) * sympy.sign(b) * sympy.floor(sympy.Abs(a) / sympy.Abs(b))
 
 
 def _shr_sympy(a, k):

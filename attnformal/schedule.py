@@ -8,16 +8,18 @@ The score matrix of one (batch, head) is cut into tiles of ``block_m`` query row
                  kernel computes it without a mask;
 * ``PARTIAL`` -- anything else: the kernel applies the mask predicate element-wise.
 
-:func:`tile_class` and :func:`kv_block_range` are written against :mod:`attnformal.ops`
-(ints, int tensors, Z3 Ints); the prover shows, for all sequence lengths, that SKIP and
-FULL are sound and that the visited range is exactly the non-SKIP tiles. Kernels are
-launched from a :class:`TileSchedule` and take block sizes, loop bounds and per-tile
-masking decisions from it.
+:func:`tile_class`, :func:`kv_block_range` and :func:`split_part` are written against
+:mod:`attnformal.ops` (ints, int tensors, Z3 Ints); the prover shows, for all sequence lengths
+and block sizes, that SKIP and FULL are sound, that the visited range is exactly the non-SKIP
+tiles and that split-KV parts partition it. Kernels are launched from a :class:`TileSchedule`
+and take block sizes, loop bounds and per-tile masking decisions from its methods, which the
+prover evaluates on symbolic lengths too (their loop bounds come back as :class:`Blocks`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from attnformal import ops
 from attnformal.masks import MaskGeometry, key_interval
@@ -56,6 +58,28 @@ def kv_block_range(bm, g: MaskGeometry, block_m, block_n):
     return ops.where(visits, start, 0), ops.where(visits, end, 0)
 
 
+def split_part(start, end, num_splits, s):
+    """``(start_s, end_s)``: part ``s`` of the blocks ``[start, end)`` cut into ``num_splits``
+    contiguous parts of ``cdiv(end - start, num_splits)`` blocks (the last ones may be short or empty)."""
+    per_split = ops.cdiv(end - start, num_splits)
+    return ops.minimum(start + s * per_split, end), ops.minimum(start + (s + 1) * per_split, end)
+
+
+class Blocks(NamedTuple):
+    """The blocks ``start <= b < stop`` when the bounds are symbolic (a ``range`` needs ints)."""
+
+    start: Any
+    stop: Any
+
+
+def blocks(start, stop):
+    """``range(start, stop)``; :class:`Blocks` for bounds that are not integers (the prover's Z3 Ints)."""
+    try:
+        return range(start, stop)
+    except TypeError:
+        return Blocks(start, stop)
+
+
 @dataclass(frozen=True)
 class TileSchedule:
     """Block sizes and split-KV partitioning; the one object kernels are launched from."""
@@ -79,24 +103,22 @@ class TileSchedule:
     def tile_class(self, bm, bn, g: MaskGeometry):
         return tile_class(bm, bn, g, self.block_m, self.block_n)
 
-    def kv_range(self, bm: int, g: MaskGeometry) -> range:
-        return range(*kv_block_range(bm, g, self.block_m, self.block_n))
+    def kv_range(self, bm: int, g: MaskGeometry) -> range | Blocks:
+        """The key blocks query block ``bm`` visits: exactly its non-SKIP tiles."""
+        return blocks(*kv_block_range(bm, g, self.block_m, self.block_n))
 
-    def split_ranges(self, bm: int, g: MaskGeometry) -> list[range]:
+    def split_ranges(self, bm: int, g: MaskGeometry) -> list[range | Blocks]:
         """The visited key blocks of ``bm`` cut into ``num_splits`` contiguous parts (some empty)."""
-        blocks = self.kv_range(bm, g)
-        per_split = ops.cdiv(len(blocks), self.num_splits)
-        return [blocks[s * per_split:(s + 1) * per_split] for s in range(self.num_splits)]
+        visited = self.kv_range(bm, g)
+        return [blocks(*split_part(visited.start, visited.stop, self.num_splits, s)) for s in range(self.num_splits)]
 
     def class_table(self, spec, device=None):
-        """``[B, nM, nN]`` int tensor of tile classes for every batch (its own ``kv_lens``)."""
+        """``[B, nM, nN]`` int tensor of tile classes: batch ``b`` classified under ``spec.geometry(b)``
+        (its own ``kv_lens``), all batch elements at once."""
         import torch
 
-        kv_lens = spec.kv_lens if spec.kv_lens is not None else (spec.len_k,) * spec.batch
-        g = spec.geometry()
-        g = MaskGeometry(g.len_q, torch.tensor(kv_lens, device=device)[:, None, None],
-                         g.causal, g.window, g.has_attn_mask)
+        b = torch.arange(spec.batch, device=device)[:, None, None]
         bm = torch.arange(ops.cdiv(spec.len_q, self.block_m), device=device)[None, :, None]
         bn = torch.arange(ops.cdiv(spec.len_k, self.block_n), device=device)[None, None, :]
-        classes = self.tile_class(bm, bn, g)
+        classes = self.tile_class(bm, bn, spec.geometry(b))
         return torch.as_tensor(classes, device=device).expand(spec.batch, bm.shape[1], bn.shape[2])

@@ -77,8 +77,12 @@ class AttentionSpec:
         return self.heads_q // self.heads_kv
 
     def geometry(self, b: int | None = None) -> MaskGeometry:
-        """The index mask of batch ``b`` (its own key length when ``kv_lens`` is given)."""
-        len_k = self.len_k if self.kv_lens is None or b is None else self.kv_lens[b]
+        """The index mask of batch ``b`` (its own key length when ``kv_lens`` is given).
+
+        ``b`` may also be an index tensor (every batch element at once: the class table) or a
+        Z3 Int (the prover's, with ``kv_lens`` a Z3 array).
+        """
+        len_k = self.len_k if self.kv_lens is None or b is None else _element(self.kv_lens, b)
         return MaskGeometry(self.len_q, len_k, self.causal, self.window, self.attn_mask is not None)
 
     def kv_heads(self, device=None):
@@ -137,6 +141,15 @@ class AttentionSpec:
             attn_mask=_check_attn_mask(attn_mask, full, q.device),
             dropout_mask=_check_dropout_mask(dropout_mask, dropout_p, full, q.device),
         )
+
+
+def _element(values, index):
+    """``values[index]``; for an index tensor, element by element."""
+    if type(index).__module__.partition(".")[0] == "torch":
+        import torch
+
+        return torch.as_tensor(values, dtype=torch.int64, device=index.device)[index]
+    return values[index]
 
 
 def _describe(t) -> str:

@@ -588,7 +588,7 @@ def check_family(tiling: KernelTiling, family: MaskFamily, budget: Budget) -> li
         if proof.status == REFUTED:
             smallest = _smallest_counterexample(query, s, budget)
             if smallest is not None:
-                proof.countermodel, proof.model = render(smallest, query.show), smallest
+                proof = proof.but(countermodel=render(smallest, query.show), model=smallest)
         out.append((name, proof, s))
     return out
 
@@ -918,8 +918,7 @@ class TilingObligation:
         tiling = self.cls()
         for family in (MASK_FAMILIES[name] for name in tiling.masks):
             for name, proof, s in check_family(tiling, family, budget):
-                _with_replay(proof, s, self.__name__, self.repro_dir, name)
-                yield proof
+                yield _with_replay(proof, s, self.__name__, self.repro_dir, name)
             for report in filter(None, (waste(tiling, family, budget), int32_limit(tiling, family, budget))):
                 yield report
 
@@ -941,24 +940,22 @@ class TilingControl:
         for family in (MASK_FAMILIES[name] for name in tiling.masks):
             for name, proof, s in check_family(tiling, family, budget):
                 if proof.status == REFUTED:
-                    _with_replay(proof, s, impl, self.repro_dir, name)
-                    return proof
+                    return _with_replay(proof, s, impl, self.repro_dir, name)
                 last = proof
         return last or Proof(f"{self.name} is refuted", "z3", UNKNOWN, detail="no obligation applied")
 
 
-def _with_replay(proof: Proof, s: _Symbolic, impl, directory, obligation):
-    """Add the battery case of a refutation whose effect the executor's output shows.
+def _with_replay(proof: Proof, s: _Symbolic, impl, directory, obligation) -> Proof:
+    """The proof, with the battery case of a refutation whose effect the executor's output shows.
 
     Not for ``in bounds`` (a read outside the tensor that the mask then removes changes no output;
     one that stays unmasked also refutes mask-safety, which writes the case) nor for ``backward``
     (the executor's backward is autograd of its forward, not the tiling's ``q_blocks``).
     """
     if proof.status != REFUTED or impl is None or directory is None or obligation in NOT_REPLAYED:
-        return
+        return proof
     command = counterexample_case(proof, s, impl, directory)
-    if command:
-        proof.detail = "; ".join(filter(None, (proof.detail, f"replay: {command}")))
+    return proof.but(detail="; ".join(filter(None, (proof.detail, f"replay: {command}")))) if command else proof
 
 
 def _one_tile_short(cls: type) -> type:

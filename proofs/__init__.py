@@ -1,14 +1,33 @@
 """Proof obligations, one per module; installed as ``attnformal.proofs``.
 
 Each module states its theorems in plain math in its docstring and checks them on the
-spec's own definitions (mask predicate, tile classification, merge step, schedule block
-sizes), never on a copy. It exposes ``TITLE``, ``checks(settings, budget)`` (yielding
-:class:`attnformal.logic.Proof` values) and ``CONTROLS``: deliberately broken variants the
-prover must refute with a counterexample. :mod:`attnformal.prove` runs them.
+spec's own definitions (mask predicate, tile classification, merge step, schedule methods,
+the host code before a kernel launch), never on a copy. It exposes ``TITLE``,
+``checks(settings, budget)`` (yielding :class:`attnformal.logic.Proof` values) and
+``CONTROLS``: deliberately broken variants the prover must refute with a counterexample.
+:mod:`attnformal.prove` runs them.
 """
 
-from attnformal.proofs import (backward, floating_point, gqa, loop_invariant, masked_rows, merge_correctness, monoid,
-                               npu_masks, tile_classification)
+from attnformal.proofs import (backward, floating_point, gqa, launch, loop_invariant, mask_semantics, masked_rows,
+                               merge_correctness, monoid, npu_masks, splits, tile_classification, vocabulary)
 
 OBLIGATIONS = (merge_correctness, monoid, loop_invariant, masked_rows, tile_classification, gqa, backward,
-               floating_point, npu_masks)
+               floating_point, npu_masks, mask_semantics, splits, launch, vocabulary)
+
+# What the obligations take on trust: the report's "trusted, not proved" section, with what is
+# checked only on bounded domains and the axioms the proofs used (both read off the results).
+TRUSTED = (
+    "The Triton kernels' in-kernel copies of the spec -- `_may_attend`, `_merge`, `_finite_shift`, "
+    "`_kv_head_of`, `_first_query_head` in kernels/triton_flash.py -- are tested against the spec on every "
+    "(i, j) of many shapes (tests/kernels/test_triton_flash.py), not proved; so are the kernels' own loops, "
+    "loads, offsets and accumulations, in both kernels (tested against the float64 oracle).",
+    "Rounding: the IEEE lemmas model each float operation rounded to nearest-even on its own -- no fused "
+    "multiply-add contraction, no flush-to-zero or denormals-are-zero of arithmetic results; exp and log "
+    "are faithfully rounded (exp may return +0 for tiny results: no axiom rules that out); accumulators "
+    "stay below 2^(emax-2) (true for float32 accumulation; in float16 only up to 8192).",
+    "Python glue the symbols cannot enter: the loop in `TileSchedule.split_ranges` is proven for the "
+    "listed num_splits (its arithmetic for all), `kernels.split_kv.combine` for up to 8 partial states, "
+    "and the `range` built from proven bounds by `schedule.blocks` is checked with the host tables.",
+    "The tools: Z3 and SymPy (versions above). SymPy identities are proved by exact simplification; "
+    "a refutation is a numeric point checked at 50 and 100 digits.",
+)

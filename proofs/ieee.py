@@ -35,17 +35,12 @@ from attnformal import ops
 from attnformal.domains import (FINITE, NEG_INF, POS_INF, AbstractFloats, Float, FloatFormat, NativeFloats,
                                 abstract_operation)
 from attnformal.logic import (PROVED, REFUTED, UNKNOWN, Axiom, Budget, Proof, Query, TermIndex, applications,
-                              bitblast_solver, check_z3, render_value)
+                              bitblast_solver, check_z3, minimal_core_solver, render_value)
 
 
 def bound_H(f: FloatFormat) -> float:
     """The no-overflow bound: 4H = 2**emax is below the largest float."""
     return 2.0 ** (f.emax - 2)
-
-
-def underflow(f: FloatFormat) -> int:
-    """ceil(ln(smallest subnormal)): at or above it a faithful exp is > 0."""
-    return math.ceil(math.log(f.smallest_subnormal))
 
 
 # ---- lemmas about single operations: proved on NativeFloats, assumed on AbstractFloats
@@ -146,11 +141,14 @@ def _each(decl, formula):
     return lambda terms: [formula(a) for a in applications(terms, decl)]
 
 
-def lemma_axioms(d: AbstractFloats):
+def lemma_axioms(d: AbstractFloats, proof: Proof | None = None):
+    """The lemmas as axiom schemas on abstract floats; ``proof``: their bit-precise proof, named by
+    every theorem that uses one (None for a negative control, which must only be refuted)."""
     def axiom(lemma):
         decl = abstract_operation(lemma.operation, d.fmt)
         return Axiom(f"{lemma.name}[{d.fmt.name}]", lemma.statement, f"proved bit-precisely for {d.fmt.name}",
-                     _each(decl, lambda a: lemma.formula(d, a.arg(0), a.arg(1), a)))
+                     _each(decl, lambda a: lemma.formula(d, a.arg(0), a.arg(1), a)),
+                     by=(proof,) if proof is not None else ())
     return tuple(axiom(lemma) for lemma in LEMMAS)
 
 
@@ -183,16 +181,13 @@ def exp_log_axioms(d):
         Axiom("exp-unit", "x <= 0 => +0 <= exp(x) <= 1", "faithful rounding of a value in (0, 1]",
               of_exp(lambda x, e: z3.Implies(d.le(x, 0.0), z3.And(d.le(0.0, e), d.le(e, 1.0),
                                                                   z3.Not(d.is_negative(e)))))),
-        Axiom("exp-no-underflow", f"x >= {underflow(d.fmt)} => exp(x) > 0",
-              "faithful rounding of a value >= the smallest subnormal",
-              of_exp(lambda x, e: z3.Implies(d.le(float(underflow(d.fmt)), x), d.lt(0.0, e)))),
         Axiom("log-range", "1 <= x <= H => log(x) finite and >= 0", "faithful rounding of log on [1, H]",
               _each(log, lambda y: z3.Implies(z3.And(d.le(1.0, y.arg(0)), d.abs_le(y.arg(0), H)),
                                               z3.And(d.is_finite(y), d.le(0.0, y))))),
     )
 
 
-def fp_theorem(claim: str, build, f: FloatFormat, budget: Budget):
+def fp_theorem(claim: str, build, f: FloatFormat, budget: Budget, lemmas: Proof | None = None):
     """Prove each case from the lemmas; a case they do not prove is decided in real IEEE arithmetic.
 
     The abstract counterexample is replayed with real floats (its inputs rounded to the format,
@@ -200,10 +195,10 @@ def fp_theorem(claim: str, build, f: FloatFormat, budget: Budget):
     is the counterexample. Otherwise a bit-precise solver decides the case.
     """
     abstract, native = AbstractFloats(f), NativeFloats(f)
-    axioms = lemma_axioms(abstract) + exp_log_axioms(abstract) + (description_axiom(abstract),)
+    axioms = lemma_axioms(abstract, lemmas) + exp_log_axioms(abstract) + (description_axiom(abstract),)
     proofs = []
     for query, exact_query in zip(build(abstract), build(native)):
-        proof = check_z3(claim, [query], budget=budget, axioms=axioms, keep_model=True)
+        proof = check_z3(claim, [query], budget=budget, axioms=axioms, keep_model=True, solver=minimal_core_solver)
         if proof.status == REFUTED:
             proof = replay(claim, exact_query, proof.model, f) or check_z3(
                 claim, [exact_query], budget=budget, axioms=exp_log_axioms(native))
@@ -267,9 +262,9 @@ def combine(claim: str, proofs) -> Proof:
     """One proof from the proofs of a theorem's cases: the first failure, or all proved."""
     failed = next((p for p in proofs if not p.ok), None)
     if failed is not None:
-        failed.claim = claim
-        return failed
+        return failed.but(claim=claim)
     hypotheses = tuple(dict.fromkeys(h for p in proofs for h in p.hypotheses))
+    lemmas = {id(lemma): lemma for p in proofs for lemma in p.by}
     return Proof(claim, "z3", PROVED if proofs else UNKNOWN, hypotheses,
-                 tuple(sorted({a for p in proofs for a in p.axioms})), queries=sum(p.queries for p in proofs),
-                 seconds=sum(p.seconds for p in proofs))
+                 tuple(sorted({a for p in proofs for a in p.axioms})), tuple(lemmas.values()),
+                 queries=sum(p.queries for p in proofs), seconds=sum(p.seconds for p in proofs))

@@ -1,64 +1,62 @@
-"""Obligation 5 -- tile classification and the visited ranges, for all sequence lengths.
+"""Obligation 5 -- tile classification and the visited ranges, for all lengths and block sizes.
 
-Z3 over unbounded integers, on the schedule's own ``tile_class`` and ``kv_block_range`` and
-the mask's own ``may_attend``, for each schedule (block sizes ``(block_m, block_n)``) and each
-mask geometry: causal none / top-left / bottom-right, times no window / a window ``(L, R)``
-with symbolic bounds (negative = unbounded side), times no / an explicit ``attn_mask``.
-Lengths ``len_q, len_k >= 0`` are symbolic; ``len_k`` is the batch element's effective key
-length (``kv_lens[b]``), so padding keys are exactly the keys ``j >= len_k``. Block indices
-``bm, bn >= 0`` and positions ``i, j`` are symbolic; a tile is the unclipped
+Z3 over unbounded integers, on the methods the kernels call -- ``TileSchedule.tile_class``,
+``kv_range``, ``num_q_blocks``, ``num_kv_blocks`` -- of a schedule whose block sizes
+``block_m, block_n >= 1`` are symbolic (so every schedule of that class is an instance), and
+on the mask's own ``may_attend``, for each mask geometry: causal none / top-left /
+bottom-right, times no window / a window ``(L, R)`` with symbolic bounds (negative = unbounded
+side), times no / an explicit ``attn_mask``. Lengths ``len_q, len_k >= 0`` are symbolic;
+``len_k`` is the batch element's effective key length (``kv_lens[b]``; obligation 10 shows
+``spec.geometry(b)`` builds it), so padding keys are exactly the keys ``j >= len_k``. Block
+indices ``bm, bn >= 0`` and positions ``i, j`` are symbolic; a tile is the unclipped
 ``[bm*block_m, (bm+1)*block_m) x [bn*block_n, (bn+1)*block_n)``. An explicit mask is an
 uninterpreted ``attn_mask(i, j)``, so it stands for every mask. ``allowed(i, j) =
 may_attend(i, j) and attn_mask(i, j)``; the kernel keeps ``(i, j)`` iff the tile is not SKIP
-and (it is FULL, or ``allowed(i, j)``) -- what ``torch_tiled`` does.
+and (it is FULL, or ``allowed(i, j)``) -- what both kernels do.
 
-Theorems, for every schedule, geometry, length and tile:
+Theorems, for every geometry, length, block size and tile (each conditional one with its
+premise shown satisfiable in every case, so none holds vacuously):
 
 * (a) skip sound: a SKIP tile holds no allowed pair;
-* (b) full sound: every position of a FULL tile is in range and allowed (never with ``attn_mask``);
+* (b) full sound: every position of a FULL tile is in range and allowed; with an
+  ``attn_mask`` no tile is FULL;
 * (c) mixed tiles are partial: a tile holding an allowed and a not-allowed position is PARTIAL;
 * (d) ragged edges: no position with ``i >= len_q`` or ``j >= len_k`` is ever kept;
 * (e) exact: the kernel keeps ``(i, j)`` iff ``allowed(i, j)``;
-* (f) ``bn`` is in ``kv_block_range(bm)`` iff tile ``(bm, bn)`` is not SKIP;
+* (f) ``bn`` is in ``kv_range(bm)`` iff tile ``(bm, bn)`` is not SKIP;
 * (g) for each key block, the non-SKIP query blocks are contiguous (the backward's
-  key-major loop walks one interval of query blocks).
+  key-major loop walks one interval of query blocks);
+* (h) the launch grid is exact: ``bm < num_q_blocks`` iff block ``bm`` starts before
+  ``len_q``, and likewise ``bn < num_kv_blocks`` for ``len_k``.
+
+Division by a symbolic block size is nonlinear; (f) and (h) use the floor-division lemma of
+:mod:`attnformal.proofs.integers`, proved first.
 """
 
 from __future__ import annotations
 
-import importlib
-import itertools
-
 import z3
 
 from attnformal import masks, schedule
-from attnformal.logic import Budget, Control, Labeled, Query, Settings, check_z3
+from attnformal.logic import VACUOUS, Budget, Control, Labeled, Proof, Query, Settings, check_z3, plain_solver
 from attnformal.masks import MaskGeometry
+from attnformal.proofs.integers import (BLOCK_SIZES, floor_division, floor_division_lemma, geometries,
+                                        symbolic_schedule)
 from attnformal.schedule import FULL, PARTIAL, SKIP, TILE_CLASS_NAMES
 
-COST = 6  # rough seconds; the prover starts the longest obligations first
-TITLE = "Tile classification for all lengths"
-
-# Block sizes always proven, besides the kernels' own: unequal both ways and not powers of two.
-DEFAULT_BLOCKS = ((1, 1), (3, 5), (5, 3), (64, 128), (128, 64))
-
-
-def geometries():
-    """``(label, MaskGeometry)`` for every mask family and combination (lengths symbolic)."""
-    len_q, len_k, left, right = z3.Ints("len_q len_k L R")
-    for causal, window, has_mask in itertools.product(masks.CAUSAL_MODES, (None, (left, right)), (False, True)):
-        label = ", ".join([f"causal={causal}", "window=(L, R)" if window else "no window",
-                           "attn_mask" if has_mask else "no attn_mask"])
-        yield label, MaskGeometry(len_q, len_k, causal, window, has_mask)
+COST = 3  # rough seconds; the prover starts the longest obligations first
+PROVES_SCHEDULES = True  # the schedules named on the command line are proven here
+TITLE = "Tile classification, all lengths and block sizes"
 
 
 class Tile:
     """Symbolic tile ``(bm, bn)`` of a schedule, positions ``(i, j)`` in it, and the kernel's decision."""
 
-    def __init__(self, g: MaskGeometry, block_m: int, block_n: int, suffix=""):
-        self.g, self.block_m, self.block_n = g, block_m, block_n
+    def __init__(self, g: MaskGeometry, sched: schedule.TileSchedule, suffix=""):
+        self.g, self.sched = g, sched
+        self.block_m, self.block_n = sched.block_m, sched.block_n
         self.bm, self.bn = z3.Ints(f"bm{suffix} bn{suffix}")
-        self.cls = schedule.tile_class(self.bm, self.bn, g, block_m, block_n)
+        self.cls = sched.tile_class(self.bm, self.bn, g)
 
     def contains(self, i, j):
         return z3.And(self.bm * self.block_m <= i, i < (self.bm + 1) * self.block_m,
@@ -72,13 +70,16 @@ class Tile:
         return z3.And(self.cls != SKIP, z3.Or(self.cls == FULL, self.allowed(i, j)))
 
     def hypotheses(self):
-        return (("len_q, len_k >= 0", z3.And(self.g.len_q >= 0, self.g.len_k >= 0)),
-                ("bm, bn >= 0", z3.And(self.bm >= 0, self.bn >= 0)))
+        out = [("len_q, len_k >= 0", z3.And(self.g.len_q >= 0, self.g.len_k >= 0)),
+               ("bm, bn >= 0", z3.And(self.bm >= 0, self.bn >= 0))]
+        if isinstance(self.block_m, z3.ExprRef):
+            out.append(BLOCK_SIZES)
+        return tuple(out)
 
     def show(self, **positions):
         g = self.g
-        shown = {"len_q": g.len_q, "len_k": g.len_k, "bm": self.bm, "bn": self.bn,
-                 "class": Labeled(self.cls, TILE_CLASS_NAMES), **positions}
+        shown = {"len_q": g.len_q, "len_k": g.len_k, "block_m": self.block_m, "block_n": self.block_n,
+                 "bm": self.bm, "bn": self.bn, "class": Labeled(self.cls, TILE_CLASS_NAMES), **positions}
         if g.window is not None:
             shown.update(L=g.window[0], R=g.window[1])
         return shown
@@ -92,7 +93,7 @@ def in_range(g, i, j):
     return z3.And(0 <= i, i < g.len_q, 0 <= j, j < g.len_k)
 
 
-# ---- the properties: each builds (claim, extra hypotheses, shown terms) for one tile
+# ---- the properties: each builds (claim, shown terms) for one tile
 
 
 def skip_sound(t: Tile):
@@ -102,7 +103,9 @@ def skip_sound(t: Tile):
 
 def full_sound(t: Tile):
     i, j = z3.Ints("i j")
-    ok = z3.And(in_range(t.g, i, j), t.allowed(i, j), z3.BoolVal(not t.g.has_attn_mask))
+    if t.g.has_attn_mask:  # explicit mask data can exclude any pair
+        return t.cls != FULL, t.show()
+    ok = z3.And(in_range(t.g, i, j), t.allowed(i, j))
     return z3.Implies(z3.And(t.cls == FULL, t.contains(i, j)), ok), t.show(i=i, j=j)
 
 
@@ -124,89 +127,73 @@ def exact(t: Tile):
 
 
 def range_is_non_skip(t: Tile):
-    start, end = schedule.kv_block_range(t.bm, t.g, t.block_m, t.block_n)
-    claim = z3.And(start <= t.bn, t.bn < end) == (t.cls != SKIP)
-    return claim, t.show(start=start, end=end)
+    visited = t.sched.kv_range(t.bm, t.g)
+    claim = z3.And(visited.start <= t.bn, t.bn < visited.stop) == (t.cls != SKIP)
+    return claim, t.show(start=visited.start, stop=visited.stop)
 
 
 def contiguous_along_bm(t: Tile):
-    lower, upper = Tile(t.g, t.block_m, t.block_n, "_lower"), Tile(t.g, t.block_m, t.block_n, "_upper")
+    lower, upper = Tile(t.g, t.sched, "_lower"), Tile(t.g, t.sched, "_upper")
     same_column = z3.And(lower.bn == t.bn, upper.bn == t.bn, 0 <= lower.bm, lower.bm < t.bm, t.bm < upper.bm)
     claim = z3.Implies(z3.And(same_column, lower.cls != SKIP, upper.cls != SKIP), t.cls != SKIP)
     return claim, {**t.show(), "bm_lower": lower.bm, "bm_upper": upper.bm}
 
 
+def grid_is_exact(t: Tile):
+    q_blocks, kv_blocks = t.sched.num_q_blocks(t.g), t.sched.num_kv_blocks(t.g)
+    claim = z3.And((t.bm < q_blocks) == (t.bm * t.block_m < t.g.len_q),
+                   (t.bn < kv_blocks) == (t.bn * t.block_n < t.g.len_k))
+    return claim, t.show(num_q_blocks=q_blocks, num_kv_blocks=kv_blocks)
+
+
 PROPERTIES = (
     ("(a) SKIP tiles hold no allowed pair", skip_sound),
-    ("(b) FULL tiles: every position in range and allowed", full_sound),
+    ("(b) FULL tiles: every position in range and allowed; never FULL with attn_mask", full_sound),
     ("(c) a tile with allowed and not-allowed positions is PARTIAL", mixed_is_partial),
     ("(d) ragged edges: no out-of-range query or key is kept", ragged_edges),
     ("(e) the kernel keeps (i, j) iff allowed(i, j)", exact),
-    ("(f) kv_block_range(bm) = the non-SKIP key blocks of bm", range_is_non_skip),
+    ("(f) kv_range(bm) = the non-SKIP key blocks of bm", range_is_non_skip),
     ("(g) non-SKIP query blocks of each key block are contiguous", contiguous_along_bm),
+    ("(h) num_q_blocks, num_kv_blocks: exactly the blocks that start inside the lengths", grid_is_exact),
 )
 
 
-def schedules(settings: Settings):
-    """``([(label, block_m, block_n)], note)``: the kernels' and the user's schedules, then the defaults.
-
-    A kernel that cannot be imported because an optional dependency is missing (e.g. triton)
-    is skipped, and the note says so; a schedule the user named must load.
-    """
-    kernels, skipped = load_schedules(settings.kernel_schedule_specs, optional=True)
-    users, _ = load_schedules(settings.schedule_specs)
-    seen = {}
-    for label, s in [*kernels, *users, *settings.schedules]:
-        seen.setdefault((s.block_m, s.block_n), label)
-    for blocks in DEFAULT_BLOCKS:
-        seen.setdefault(blocks, "default")
-    blocks = [(label, bm, bn) for (bm, bn), label in seen.items()]
-    note = "block sizes: " + ", ".join(f"{bm}x{bn} ({label})" for label, bm, bn in blocks)
-    if skipped:
-        note += "; not loaded: " + "; ".join(skipped)
-    return blocks, note
-
-
-def load_schedules(specs, optional=False):
-    """``([(spec, TileSchedule)], [skipped])`` for ``module:attribute`` specs (a schedule or a list)."""
-    found, skipped = [], []
-    for spec in specs:
-        module_name, _, attribute = spec.partition(":")
-        try:
-            value = getattr(importlib.import_module(module_name), attribute)
-        except ModuleNotFoundError as error:
-            if optional and error.name != module_name:  # the kernel is there, a dependency is not
-                skipped.append(f"{spec} ({error})")
-                continue
-            raise ValueError(f"argument '--schedule': cannot load {spec!r} ({error})") from None
-        except (ImportError, AttributeError) as error:
-            raise ValueError(f"argument '--schedule': cannot load {spec!r} ({error})") from None
-        loaded = list(value) if isinstance(value, (list, tuple)) else [value]
-        if not all(isinstance(s, schedule.TileSchedule) for s in loaded):
-            raise ValueError(f"argument '--schedule': {spec!r} is not a TileSchedule or a list of them")
-        found += [(spec, s) for s in loaded]
-    return found, skipped
-
-
 def checks(settings: Settings, budget: Budget):
-    blocks, note = schedules(settings)
+    lemma = floor_division_lemma(budget)
+    yield lemma
+    note = "all block sizes; " + instances(settings)
     for claim, prop in PROPERTIES:
-        proof = check_property(claim, prop, blocks, budget)
-        proof.detail = "; ".join(filter(None, (proof.detail, note)))
-        yield proof
+        proof = check_property(claim, prop, [("all block sizes", symbolic_schedule())], lemma, budget)
+        yield proof.but(detail="; ".join(filter(None, (proof.detail, note))))
+    mine = overriding(settings)
+    for claim, prop in PROPERTIES if mine else ():
+        yield check_property(f"{claim} [{', '.join(label for label, _ in mine)}]", prop, mine, lemma, budget)
 
 
-def check_property(claim, prop, blocks, budget: Budget, families=None):
+def check_property(claim, prop, schedules, lemma: Proof, budget: Budget, families=None):
     def queries():
-        for label, block_m, block_n in blocks:
+        for label, sched in schedules:
             for family, g in geometries():
                 if families is not None and family not in families:
                     continue
-                t = Tile(g, block_m, block_n)
+                t = Tile(g, sched)
                 formula, show = prop(t)
-                yield Query(formula, t.hypotheses(), show, case=f"blocks {block_m}x{block_n} ({label}); {family}")
+                yield Query(formula, t.hypotheses(), show, case=f"{label}; {family}")
 
-    return check_z3(claim, queries(), budget=budget)
+    # Nonlinear (symbolic block sizes): the plain core, see attnformal.logic.minimal_core_solver.
+    return check_z3(claim, queries(), budget=budget, axioms=(floor_division(lemma),), solver=plain_solver)
+
+
+def overriding(settings: Settings):
+    """The named schedules of a class other than TileSchedule: their own methods are proven, at their sizes."""
+    return [(label, s) for label, s in settings.schedules if type(s) is not schedule.TileSchedule]
+
+
+def instances(settings: Settings) -> str:
+    """Which named schedules the all-block-sizes theorems cover: those of class TileSchedule itself."""
+    covered = [f"{label} ({s.block_m}x{s.block_n})" for label, s in settings.schedules
+               if type(s) is schedule.TileSchedule]
+    return "instances: " + (", ".join(covered) if covered else "none named")
 
 
 # ---- negative controls
@@ -231,20 +218,33 @@ def _tile_class_padded_lengths(bm, bn, g, block_m, block_n):
     return _TILE_CLASS(bm, bn, padded, block_m, block_n)
 
 
+def _never_full(bm, bn, g, block_m, block_n):
+    """BROKEN: FULL is never returned, so every tile is masked -- and theorem (b) says nothing."""
+    cls = _TILE_CLASS(bm, bn, g, block_m, block_n)
+    return z3.If(cls == FULL, PARTIAL, cls)
+
+
 _TILE_CLASS = schedule.tile_class
+_KV_RANGE = schedule.TileSchedule.kv_range
 
 
-def _on_small_blocks(prop_index):
-    claim, prop = PROPERTIES[prop_index]
-    return lambda budget: check_property(claim, prop, [("control", 3, 5), ("control", 64, 64)], budget)
+def _property(index):
+    claim, prop = PROPERTIES[index]
+    schedules = [("all block sizes", symbolic_schedule())]
+    return lambda budget: check_property(claim, prop, schedules, floor_division_lemma(budget), budget)
 
 
 CONTROLS = (
     Control("skip rule off by one", "the schedule's key intervals end one key early, so a tile whose "
             "only allowed key is its first column is skipped", schedule, "key_interval",
-            _key_interval_ending_early, _on_small_blocks(0)),
+            _key_interval_ending_early, _property(0)),
     Control("top-left for bottom-right", "the schedule aligns a bottom-right causal mask top-left",
-            schedule, "key_interval", _key_interval_top_left, _on_small_blocks(0)),
+            schedule, "key_interval", _key_interval_top_left, _property(0)),
     Control("ragged edges ignored", "tile_class classifies as if both lengths were padded to whole blocks",
-            schedule, "tile_class", _tile_class_padded_lengths, _on_small_blocks(3)),
+            schedule, "tile_class", _tile_class_padded_lengths, _property(3)),
+    Control("never FULL", "tile_class never returns FULL: theorem (b)'s premise is unsatisfiable",
+            schedule, "tile_class", _never_full, _property(1), expect=VACUOUS),
+    Control("kv_range drops its last block", "TileSchedule.kv_range stops one key block early",
+            schedule.TileSchedule, "kv_range", lambda self, bm, g: schedule.blocks(
+                *(lambda r: (r.start, r.stop - 1))(_KV_RANGE(self, bm, g))), _property(5)),
 )

@@ -68,3 +68,19 @@ def test_literal_oracle_can_fail():
 def test_unknown_causal_mode_is_refused():
     with pytest.raises(ValueError, match="causal must be one of"):
         MaskGeometry(4, 4, "upper")
+
+
+def test_the_provers_independent_meaning_agrees_on_small_grids_and_refuses_unknown_modes():
+    """proofs/mask_meaning.py is a Z3 formula (obligation 10 proves it equals may_attend for all
+    lengths); on a few concrete shapes it gives the same answers as the literal definition here."""
+    import z3
+
+    from attnformal.proofs import mask_meaning
+
+    for len_q, len_k, causal, window in CASES[::41]:
+        for i, j in itertools.product(range(-1, len_q + 1), range(-1, len_k + 1)):
+            meaning = mask_meaning.allowed(i, j, len_q=len_q, len_k=len_k, kv_len=len_k, causal=causal,
+                                           window=window)
+            assert z3.is_true(z3.simplify(meaning)) == literal(i, j, len_q, len_k, causal, window), (i, j)
+    with pytest.raises(NotImplementedError, match="no meaning is stated"):
+        mask_meaning.allowed(0, 0, len_q=1, len_k=1, kv_len=1, causal="upper", window=None)

@@ -61,3 +61,18 @@ def test_object_arrays_run_element_wise():
 
 def test_torch_rowmax_of_no_keys_is_minus_infinity():
     assert ops.rowmax(torch.zeros(3, 0)).flatten().tolist() == [-math.inf] * 3
+
+
+def test_every_integer_op_is_in_the_provers_vocabulary_table():
+    """An op added to attnformal.ops must be added to proofs/vocabulary.py's INTEGER_OPS (integer and
+    Boolean ops: proved on Z3, checked on every other family) or REAL_OPS (float ops, obligations 1-4, 7, 8)."""
+    import inspect
+
+    from attnformal.proofs.vocabulary import INTEGER_OPS, REAL_OPS
+
+    infrastructure = {"family", "z3_function"}
+    public = {name for name, f in inspect.getmembers(ops, inspect.isfunction)
+              if f.__module__ == ops.__name__ and not name.startswith("_")}
+    listed = {op.name for op in INTEGER_OPS} | set(REAL_OPS)
+    assert public - infrastructure - listed == set(), "add these to proofs/vocabulary.py"
+    assert listed - public <= {op.name for op in INTEGER_OPS if not op.name.isidentifier()}, "operators only"

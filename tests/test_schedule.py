@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from attnformal.masks import MaskGeometry, key_interval, may_attend
-from attnformal.schedule import FULL, PARTIAL, SKIP, TileSchedule, kv_block_range, tile_class
+from attnformal.schedule import (FULL, PARTIAL, SKIP, Blocks, TileSchedule, blocks, kv_block_range, split_part,
+                                 tile_class)
 from attnformal.spec import AttentionSpec
 
 BLOCKS = ((4, 4), (4, 8), (8, 4), (3, 5))
@@ -104,3 +105,29 @@ def test_split_ranges_partition_the_visited_range(num_splits):
 def test_bad_schedule_arguments_are_named(field, value):
     with pytest.raises(ValueError, match=f"TileSchedule.{field}: expected an int >= 1"):
         TileSchedule(**{field: value})
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 5])
+def test_split_part_cuts_any_range_into_contiguous_parts(num_splits):
+    for start, end in itertools.combinations_with_replacement(range(0, 9), 2):
+        parts = [split_part(start, end, num_splits, s) for s in range(num_splits)]
+        assert [b for lo, hi in parts for b in range(lo, hi)] == list(range(start, end))
+        assert all(lo <= hi for lo, hi in parts)
+
+
+def test_blocks_is_a_range_for_ints_and_a_pair_for_symbols():
+    import z3
+
+    assert blocks(2, 5) == range(2, 5)
+    start, stop = z3.Ints("start stop")
+    assert blocks(start, stop) == Blocks(start, stop)
+
+
+def test_class_table_of_an_empty_batch_and_of_one_without_kv_lens():
+    q, k = torch.zeros(0, 1, 5, 4), torch.zeros(0, 1, 7, 4)
+    assert TileSchedule(2, 3).class_table(AttentionSpec.from_inputs(q, k, k)).shape == (0, 3, 3)
+    q, k = torch.zeros(2, 1, 5, 4), torch.zeros(2, 1, 7, 4)
+    spec = AttentionSpec.from_inputs(q, k, k, causal="top_left")
+    table = TileSchedule(2, 3).class_table(spec)
+    assert table.shape == (2, 3, 3) and torch.equal(table[0], table[1])
+    assert table[0].tolist() == [[tile_class(bm, bn, spec.geometry(0), 2, 3) for bn in range(3)] for bm in range(3)]

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -22,6 +23,27 @@ def test_selected_obligation_is_proved_and_its_controls_refuted(tmp_path, capsys
     assert all(c["proof"]["countermodel"] for c in data["controls"])
     report = out_md.read_text()
     assert "## 9. Ascend NPU mask semantics -- proved" in report and "Negative controls" in report
+    assert data["environment"]["commit"] and data["environment"]["z3"] and data["environment"]["sympy"]
+
+
+def test_the_report_says_what_each_theorem_rests_on_and_what_is_trusted(tmp_path):
+    out_md = tmp_path / "r.md"
+    assert main(["--only", "mask_semantics", "--report", str(out_md)]) == 0
+    report = out_md.read_text()
+    assert "Commit " in report and "Z3 " in report and "SymPy " in report
+    assert "hypotheses: `0 <= kv_lens[b] <= Sk`" in report
+    trusted = report.split("## Trusted, not proved", 1)[1]
+    for item in ("_may_attend", "fused", "flush-to-zero", "exp and log"):
+        assert item in trusted, item
+    assert "``" not in report and ":func:" not in report and ":mod:" not in report
+
+
+def test_a_bounded_check_is_reported_as_checked_with_its_domain(tmp_path):
+    out_md = tmp_path / "r.md"
+    assert main(["--only", "vocabulary", "--report", str(out_md)]) == 0
+    report = out_md.read_text()
+    assert "-- checked" in report and "Checked, not proved (obligation 13)" in report
+    assert "checked for every operand in -10..10" in report
 
 
 def test_a_mutated_spec_makes_the_run_fail(monkeypatch, capsys):
@@ -38,23 +60,38 @@ def test_user_block_sizes_are_proven(tmp_path):
     assert all(p["status"] == "proved" for p in cases)
 
 
-def test_a_schedule_that_cannot_be_loaded_is_reported_not_proved(capsys):
-    assert main(["--only", "tile*", "--schedule", "attnformal.kernels.no_such_kernel:SCHEDULE"]) == 1
-    assert "cannot load" in capsys.readouterr().out
+def test_a_named_schedule_that_cannot_be_proven_is_refused_before_proving(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--only", "tile*", "--schedule", "attnformal.kernels.no_such_kernel:SCHEDULE"])
+    assert exit_info.value.code == 2
+    assert "cannot load" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--block-m", "64"], "--block-m"),
     (["--timeout", "0"], "--timeout"),
+    (["--timeout", "nan"], "--timeout"),
+    (["--timeout", "inf"], "--timeout"),
+    (["--timeout", "-3"], "--timeout"),
+    (["--timeout", "soon"], "--timeout"),
     (["--schedule", "no_colon"], "--schedule"),
+    (["--schedule", "attnformal.prove:KERNEL_SCHEDULES"], "not a TileSchedule"),
+    (["--only", "gqa", "--schedule", "attnformal.kernels.torch_tiled:DEFAULT_SCHEDULE"], "prove no schedule"),
     (["--only", "no-such-obligation"], "--only"),
     (["--block-m", "0", "--block-n", "4"], "--block-m"),
+    (["--json", "/no/such/folder/r.json"], "--json"),
+    (["--report", "/"], "--report"),
+    (["--kernel", "attnformal.tilings:EXAMPLES", "--block-m", "64", "--block-n", "64"], "--kernel"),
 ])
 def test_bad_arguments_give_one_clear_error(argv, message, capsys):
+    start = time.perf_counter()
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert len(err.strip().splitlines()[-1]) < 300  # one line, not a dump
+    assert time.perf_counter() - start < 20, "refused before proving"
 
 
 def test_module_entry_point_runs():

@@ -1,10 +1,13 @@
 """The engine: what proved, refuted, unknown and vacuous mean, and how counterexamples read."""
 
+import dataclasses
+
+import pytest
 import sympy
 import z3
 
-from attnformal.logic import (PROVED, REFUTED, UNKNOWN, VACUOUS, Axiom, Budget, Query, check_identities,
-                              check_z3, patched)
+from attnformal.logic import (CHECKED, PROVED, REFUTED, UNKNOWN, VACUOUS, Axiom, Budget, Query, check_exhaustively,
+                              check_identities, check_z3, patched)
 
 
 def test_a_valid_claim_is_proved_and_names_the_axioms_it_was_given():
@@ -75,3 +78,84 @@ def test_patched_restores_the_definition():
     with patched(spec, "finite_shift", lambda m: m):
         assert spec.finite_shift is not original
     assert spec.finite_shift is original
+
+
+def test_proofs_are_immutable_values():
+    proof = check_z3("x = x", [Query(z3.Int("x") == z3.Int("x"))], budget=Budget(10))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        proof.status = REFUTED
+    assert proof.but(detail="note").detail == "note" and proof.detail == ""
+
+
+def test_only_the_axioms_and_hypotheses_in_the_unsat_core_are_named():
+    x = z3.Real("x")
+    f = z3.Function("f", z3.RealSort(), z3.RealSort())
+    needed = Axiom("f-positive", "f(x) > 0", "test", lambda index: [t > 0 for t in index.applications(f)])
+    offered = Axiom("f-small", "f(x) < 100", "test", lambda index: [t < 100 for t in index.applications(f)])
+    query = Query(f(x) + 1 > 1, (("x > 0", x > 0), ("x < 5", x < 5)))
+    proof = check_z3("f(x) + 1 > 1", [query], budget=Budget(10), axioms=(offered, needed))
+    assert proof.status == PROVED
+    assert proof.axioms == ("f-positive: f(x) > 0 (test)",) and proof.hypotheses == ()
+
+
+def test_a_lemma_behind_an_axiom_is_named_in_by_only_when_used_and_must_be_proved():
+    x = z3.Int("x")
+    f = z3.Function("f", z3.IntSort(), z3.IntSort())
+    lemma = check_z3("a lemma", [Query(x * x >= 0)], budget=Budget(10))
+    schema = Axiom("f-positive", "f(t) > 0", "the lemma", lambda index: [t > 0 for t in index.applications(f)],
+                   by=(lemma,))
+    used = check_z3("f(x) + 1 > 1", [Query(f(x) + 1 > 1)], budget=Budget(10), axioms=(schema,))
+    unused = check_z3("f(x) + 1 > f(x)", [Query(f(x) + 1 > f(x))], budget=Budget(10), axioms=(schema,))
+    assert used.ok and used.by == (lemma,)
+    assert unused.ok and unused.by == ()
+    wrong = check_z3("x * x < 0", [Query(x * x < 0)], budget=Budget(10))
+    rests_on_wrong = Axiom("wrong", "t * t < 0", "a lemma that is false", lambda index: [], by=(wrong,))
+    proof = check_z3("anything", [Query(x == x)], budget=Budget(10), axioms=(rests_on_wrong,))
+    assert proof.status == UNKNOWN and "x * x < 0" in proof.detail
+
+
+def test_a_conditional_claim_with_an_impossible_premise_is_vacuous():
+    x = z3.Int("x")
+    proof = check_z3("x > 0 and x < 0 => anything", [Query(z3.Implies(z3.And(x > 0, x < 0), x == 42))],
+                     budget=Budget(10))
+    assert proof.status == VACUOUS and "premise" in proof.detail
+    assert check_z3("x > 0 => x >= 1", [Query(z3.Implies(x > 0, x >= 1))], budget=Budget(10)).ok
+
+
+def test_a_solver_that_cannot_decide_with_tracking_still_decides_and_lists_everything():
+    class GivesUpWhenTracking:
+        def __init__(self, timeout_s):
+            self.solver, self.tracked = z3.Solver(), False
+
+        def assert_and_track(self, formula, label):
+            self.tracked = True
+            self.solver.assert_and_track(formula, label)
+
+        def add(self, *formulas):
+            self.solver.add(*formulas)
+
+        def check(self):
+            return z3.unknown if self.tracked else self.solver.check()
+
+        def unsat_core(self):
+            return []
+
+        def reason_unknown(self):
+            return "gave up"
+
+    x = z3.Int("x")
+    proof = check_z3("x > 1 => x > 0", [Query(x > 0, (("x > 1", x > 1), ("x < 9", x < 9)))], budget=Budget(10),
+                     solver=GivesUpWhenTracking)
+    assert proof.status == PROVED and proof.hypotheses == ("x > 1", "x < 9")
+    assert "no unsat core" in proof.detail
+
+
+def test_an_exhaustive_check_is_checked_on_its_domain_never_proved():
+    checked = check_exhaustively("n * n >= n", ((f"n={n}", n * n >= n, {"n": n}) for n in range(-5, 6)),
+                                 domain="-5 <= n <= 5", budget=Budget(10))
+    assert checked.status == CHECKED and checked.ok and checked.detail == "checked for -5 <= n <= 5"
+    assert checked.queries == 11
+    refuted = check_exhaustively("n * n > n", ((f"n={n}", n * n > n, {"n": n}) for n in range(-5, 6)),
+                                 domain="-5 <= n <= 5", budget=Budget(10))
+    assert refuted.status == REFUTED and refuted.case == "n=0" and refuted.countermodel == {"n": "0"}
+    assert check_exhaustively("nothing", iter(()), domain="empty", budget=Budget(10)).status == UNKNOWN

@@ -1,0 +1,220 @@
+"""Obligation 12 -- what the host hands the kernels: class tables, loop-bound tables, window bounds.
+
+The schedule's methods are proven for all lengths (obligations 5, 11), but the tables built
+from them are torch code and the Triton host helpers are plain Python: they are **checked
+exhaustively on a bounded domain**, never proved. Domain: every ``Sq, Sk <= 4``, every
+``kv_lens`` value ``0..Sk`` (one batch element each), causal none / top-left / bottom-right,
+windows none, ``(1, 0)``, ``(-1, 2)``, with and without ``attn_mask``, block sizes 2x3 and 3x2
+(ragged edges both ways, up to two blocks a side), ``num_splits`` 1 and 2. The Triton tables
+are built only for ``Sq >= 1`` (the kernel returns before building them when there is no query).
+
+* (a) ``TileSchedule.class_table(spec)[b, bm, bn] = tile_class(bm, bn, spec.geometry(b))``,
+  the entries evaluated on Python ints: every batch element is classified with its own
+  ``kv_lens`` (also for a named schedule of another class, with its own ``class_table``).
+* (b) The Triton kernel's ``_schedule_tables`` (when triton is installed): its class table is
+  (a)'s; its ``kv_ranges`` and ``kv_splits`` rows are ``kv_range`` and ``split_ranges`` of each
+  batch element's geometry; its ``q_ranges`` row of key block ``bn`` is the interval of query
+  blocks whose tile with ``bn`` is not SKIP (contiguous by obligation 5 (g)); its ``kv_lens``
+  are the spec's.
+* (c) Window bounds (Z3, all lengths): a bound of ``Sq + n`` or more excludes no key (``n`` the
+  batch element's key length), so for window bounds ``L, R`` and ``L', R'`` that are each equal,
+  both negative, or both ``>= Sq + n``, ``may_attend`` is the same under both windows; the kernel
+  clamps at ``Sq + Sk >= Sq + n``.
+* (d) The Triton kernel's ``_window_args(window, Sq + Sk)`` maps every bound to one equivalent in
+  the sense of (c) (checked for bounds ``-3..40`` and ``Sq + Sk`` up to 20), so the kernel's
+  clamped window is the spec's window.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+
+import z3
+
+from attnformal import masks, ops, schedule
+from attnformal.logic import Budget, Control, Query, Settings, check_exhaustively, check_z3
+from attnformal.proofs.tile_classification import overriding
+from attnformal.masks import MaskGeometry
+from attnformal.schedule import SKIP, TileSchedule
+from attnformal.spec import AttentionSpec
+
+COST = 2  # rough seconds; the prover starts the longest obligations first
+TITLE = "Kernel launch tables (bounded domain)"
+PROVES_SCHEDULES = True  # a named schedule of another class has its own class_table checked here
+MAX_LENGTH = 4
+WINDOWS = (None, (1, 0), (-1, 2))
+SCHEDULES = (TileSchedule(2, 3, 1), TileSchedule(3, 2, 2))
+DOMAIN = (f"all Sq, Sk <= {MAX_LENGTH}, kv_lens 0..Sk, causal x windows {WINDOWS[1:]} x attn_mask, "
+          "block sizes 2x3, 3x2, num_splits 1, 2")
+TRITON_DOMAIN = DOMAIN.replace("all Sq", "all 1 <= Sq")
+MAX_BOUND, MAX_REACH = 40, 20
+
+
+def checks(settings: Settings, budget: Budget):
+    schedules = (*SCHEDULES, *(s for _, s in overriding(settings)))  # a named schedule's own class_table too
+    triton_flash = _triton_host()
+    tables = class_tables(schedules, budget)
+    if triton_flash is None:
+        tables = tables.but(detail=tables.detail + "; the Triton host tables and _window_args were NOT checked: "
+                                                   "triton is not installed")
+    yield tables
+    if triton_flash is not None:
+        yield triton_tables(triton_flash, schedules, budget)
+    yield large_windows_exclude_nothing(budget)
+    if triton_flash is not None:
+        yield window_args(triton_flash, budget)
+
+
+def _triton_host():
+    """The Triton kernel module, or None when triton is not installed (then (b) and (d) are not run)."""
+    try:
+        from attnformal.kernels import triton_flash
+    except ImportError:
+        return None
+    return triton_flash
+
+
+def specs(min_len_q=0):
+    """``(label, spec)``: one spec per lengths and mask family; batch element ``b`` has ``kv_lens[b] = b``."""
+    import torch
+
+    for len_q, len_k in itertools.product(range(min_len_q, MAX_LENGTH + 1), range(MAX_LENGTH + 1)):
+        q, k = torch.zeros(len_k + 1, 1, len_q, 1), torch.zeros(len_k + 1, 1, len_k, 1)
+        for causal, window, has_mask in itertools.product(masks.CAUSAL_MODES, WINDOWS, (False, True)):
+            mask = torch.ones(len_q, len_k, dtype=torch.bool) if has_mask else None
+            spec = AttentionSpec.from_inputs(q, k, k, causal=causal, window=window, attn_mask=mask,
+                                             kv_lens=list(range(len_k + 1)))
+            yield f"Sq={len_q}, Sk={len_k}, causal={causal}, window={window}, attn_mask={has_mask}", spec
+
+
+def expected_classes(sched: TileSchedule, spec: AttentionSpec):
+    """``[b][bm][bn]`` from ``tile_class`` on Python ints, batch element by batch element."""
+    rows, cols = range(sched.num_q_blocks(spec.geometry())), range(sched.num_kv_blocks(spec.geometry()))
+    return [[[schedule.tile_class(bm, bn, spec.geometry(b), sched.block_m, sched.block_n) for bn in cols]
+             for bm in rows] for b in range(spec.batch)]
+
+
+def class_tables(schedules, budget: Budget):
+    def cases():
+        for label, spec in specs():
+            for sched in schedules:
+                table, expected = sched.class_table(spec).tolist(), expected_classes(sched, spec)
+                wrong = _first_difference(table, expected)
+                yield f"{label}; {sched}", wrong is None, {"[b, bm, bn]": wrong, "class_table": table,
+                                                          "tile_class": expected}
+
+    return check_exhaustively("(a) class_table[b, bm, bn] = tile_class(bm, bn, spec.geometry(b))", cases(),
+                              domain=DOMAIN, budget=budget)
+
+
+def _first_difference(table, expected):
+    if len(table) != len(expected):
+        return f"batch size {len(table)} != {len(expected)}"
+    for b, bm in itertools.product(range(len(table)), range(len(expected[0]) if expected else 0)):
+        if table[b][bm] != expected[b][bm]:
+            return f"[{b}, {bm}, :]"
+    return None
+
+
+def triton_tables(triton_flash, schedules, budget: Budget):
+    def cases():
+        for label, spec in specs(min_len_q=1):
+            for sched in schedules:
+                classes, q_ranges, kv_ranges, kv_splits, kv_lens = (t.tolist() for t in triton_flash._schedule_tables(
+                    sched, triton_flash._IndexGeometry(spec), "cpu"))
+                expected = expected_classes(sched, spec)
+                got = {"classes": classes, "q_ranges": q_ranges, "kv_ranges": kv_ranges, "kv_splits": kv_splits,
+                       "kv_lens": kv_lens}
+                want = {"classes": expected, "q_ranges": [_query_intervals(c) for c in expected],
+                        "kv_ranges": [[_bounds(r) for r in _per_block(sched.kv_range, sched, spec, b)]
+                                      for b in range(spec.batch)],
+                        "kv_splits": [[[_bounds(r) for r in parts] for parts in
+                                       _per_block(sched.split_ranges, sched, spec, b)] for b in range(spec.batch)],
+                        "kv_lens": list(spec.kv_lens)}
+                wrong = [name for name in got if got[name] != want[name]]
+                yield (f"{label}; {sched}", not wrong,
+                       {"table": ", ".join(wrong), **{f"{n} (host)": got[n] for n in wrong},
+                        **{f"{n} (schedule)": want[n] for n in wrong}})
+
+    return check_exhaustively("(b) the Triton host tables are the schedule's: classes, q_ranges, kv_ranges, "
+                              "kv_splits, kv_lens", cases(), domain=TRITON_DOMAIN, budget=budget)
+
+
+def _per_block(method, sched, spec, b):
+    g = spec.geometry(b)
+    return [method(bm, g) for bm in range(sched.num_q_blocks(g))]
+
+
+def _bounds(r):
+    return [r.start, r.stop]
+
+
+def _query_intervals(classes):
+    """Per key block, ``[first, last + 1)`` of the query blocks whose tile is not SKIP (``[0, 0)`` if none)."""
+    out = []
+    for bn in range(len(classes[0]) if classes else 0):
+        visited = [bm for bm, row in enumerate(classes) if row[bn] != SKIP]
+        out.append([visited[0], visited[-1] + 1] if visited else [0, 0])
+    return out
+
+
+def equivalent_bounds(bound, other, reach):
+    """Window bounds that mean the same for every length with ``Sq + Sk = reach`` (theorem (c))."""
+    return ops.or_(bound == other, ops.and_(bound < 0, other < 0), ops.and_(bound >= reach, other >= reach))
+
+
+def large_windows_exclude_nothing(budget: Budget):
+    len_q, len_k, left, right, left2, right2, i, j = z3.Ints("Sq Sk L R L2 R2 i j")
+    reach = len_q + len_k
+    hypotheses = (("Sq, Sk >= 0", z3.And(len_q >= 0, len_k >= 0)),
+                  ("L ~ L2, R ~ R2: equal, both negative, or both >= Sq + Sk",
+                   z3.And(equivalent_bounds(left, left2, reach), equivalent_bounds(right, right2, reach))))
+
+    def queries():
+        for causal in masks.CAUSAL_MODES:
+            first = masks.may_attend(i, j, MaskGeometry(len_q, len_k, causal, (left, right)))
+            second = masks.may_attend(i, j, MaskGeometry(len_q, len_k, causal, (left2, right2)))
+            yield Query(first == second, hypotheses, {"Sq": len_q, "Sk": len_k, "L": left, "R": right, "L2": left2,
+                                                      "R2": right2, "i": i, "j": j}, case=f"causal={causal}")
+
+    return check_z3("(c) window bounds beyond Sq + Sk exclude no key: equivalent bounds give the same mask",
+                    queries(), budget=budget)
+
+
+def window_args(triton_flash, budget: Budget):
+    def cases():
+        for reach in range(MAX_REACH + 1):
+            for left, right in itertools.product(range(-3, MAX_BOUND + 1), (-1, 0, MAX_BOUND)):
+                for window in ((left, right), (right, left)):
+                    passed = triton_flash._window_args(window, reach)
+                    same = all(equivalent_bounds(a, b, reach) for a, b in zip(window, passed))
+                    yield f"window={window}, Sq + Sk = {reach}", same, {"window": window, "passed": passed}
+        passed = triton_flash._window_args(None, 0)
+        yield "no window", passed == (-1, -1), {"passed": passed}
+
+    return check_exhaustively("(d) _window_args(window, Sq + Sk) passes bounds equivalent to the window's",
+                              cases(), domain=f"bounds -3..{MAX_BOUND}, Sq + Sk <= {MAX_REACH}", budget=budget)
+
+
+# ---- negative controls
+
+
+def _class_table_ignoring_kv_lens(self, spec, device=None):
+    """BROKEN: every batch element is classified with the full key length."""
+    table = _CLASS_TABLE(self, spec, device)
+    return table[:1].expand_as(table) if spec.kv_lens is not None and len(table) else table
+
+
+_CLASS_TABLE = TileSchedule.class_table
+_EQUIVALENT_BOUNDS = equivalent_bounds
+
+
+CONTROLS = (
+    Control("class_table ignores kv_lens", "class_table gives every batch element batch 0's classes",
+            TileSchedule, "class_table", _class_table_ignoring_kv_lens, lambda budget: class_tables(SCHEDULES, budget)),
+    Control("window clamped to half the lengths", "bounds of (Sq + Sk) // 2 - 1 or more counted as unbounded",
+            sys.modules[__name__], "equivalent_bounds",
+            lambda bound, other, reach: _EQUIVALENT_BOUNDS(bound, other, ops.floordiv(reach, 2) - 1),
+            large_windows_exclude_nothing),
+)

@@ -16,6 +16,7 @@ are 16/32 wide: many tiles, ragged edges everywhere.
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 
@@ -444,6 +445,25 @@ def test_loop_bounds_come_from_the_schedule():
     assert max_error(inputs, SMALL) < 1e-12, "while the real schedule is right"
 
 
+def test_every_kernel_takes_the_launchers_groups_in_one_order():
+    """Each kernel's parameters are its tensors, the runtime groups, its loop table, the compile-time
+    groups, in the order the launcher builds them; it passes them by name, so a renamed, missing or
+    reordered parameter fails here rather than launching with swapped integers."""
+    q, k, v, _ = make_inputs(41)
+    runtime = [name for group in triton_flash.RUNTIME_GROUPS for name in group._fields]
+    compile_time = [name for group in triton_flash.COMPILE_TIME_GROUPS for name in group._fields]
+    calls = triton_flash.Launch(make_spec((q, k, v)), SMALL, q).calls(q, k, v)
+    assert [call.kernel for call in calls] == [triton_flash._attn_fwd, triton_flash._attn_bwd_dkdv,
+                                               triton_flash._attn_bwd_dq]
+    for call in calls:
+        params = list(inspect.signature(call.kernel.fn).parameters)
+        assert list(call.args) == params, call.kernel.fn.__name__
+        first = params.index(runtime[0])
+        assert all(name.isupper() for name in params[:first]), f"{params[:first]}: tensors come first"
+        assert params[first:first + len(runtime)] == runtime, call.kernel.fn.__name__
+        assert params[-len(compile_time):] == compile_time, call.kernel.fn.__name__
+
+
 def test_class_table_must_be_contiguous_along_queries():
     q, k, v, _ = make_inputs(35, len_q=48)
     with pytest.raises(ValueError, match="not contiguous"):
@@ -461,6 +481,15 @@ def test_unsupported_features_raise_not_implemented():
     big_q, big_k, big_v, _ = make_inputs(37, head_dim=300, len_q=2, len_k=2)
     with pytest.raises(NotImplementedError, match="argument 'q': head dim 300"):
         triton_flash.attention(big_q, big_k, big_v)
+
+
+def test_float64_is_refused_on_an_npu():
+    """Ascend has no float64 (docs/ascend.md); the interpreter and CUDA do, so only an NPU refuses it."""
+    spec = make_spec(make_inputs(42)[:3])
+    with pytest.raises(NotImplementedError, match="argument 'q': Ascend NPUs have no float64"):
+        triton_flash.check_launchable(spec, SMALL, torch.float64, "npu")
+    triton_flash.check_launchable(spec, SMALL, torch.float32, "npu")
+    triton_flash.check_launchable(spec, SMALL, torch.float64, "cuda")
 
 
 def test_bad_input_is_named():

@@ -676,9 +676,9 @@ class Launch:
 
     def forward_call(self, q, k, v, parts: SoftmaxState) -> KernelCall:
         splits = self.schedule.num_splits
+        tensors = dict(Q=q, K=k, V=v, M_PART=parts.m, L_PART=parts.l, ACC_PART=parts.acc)
         return self._call(_attn_fwd, (self.num_q_blocks, splits, self.spec.batch * self.spec.heads_q),
-                          self.schedule.block_m, dict(Q=q, K=k, V=v, M_PART=parts.m, L_PART=parts.l, ACC_PART=parts.acc),
-                          dict(KV_SPLITS=self.kv_splits, num_splits=splits))
+                          self.schedule.block_m, tensors, dict(KV_SPLITS=self.kv_splits, num_splits=splits))
 
     def dkdv_call(self, q, k, v, do, lse, delta, dk, dv) -> KernelCall:
         return self._call(_attn_bwd_dkdv, (self.num_kv_blocks, self.spec.batch * self.spec.heads_kv),
@@ -700,21 +700,23 @@ class Launch:
         are compiled for (``tools/ascend_check.py`` lowers these)."""
         spec = self.spec
         q, k, v = (t.contiguous() for t in (q, k, v))
-        parts = empty_state((self.schedule.num_splits, spec.batch, spec.heads_q, spec.len_q), spec.head_dim_v,
-                            dtype=self.state_dtype, device=q.device)
+        parts = self._partial_states(q.device)
         do = q.new_zeros(spec.batch, spec.heads_q, spec.len_q, spec.head_dim_v)
         lse, delta = (torch.zeros(do.shape[:3], dtype=self.state_dtype, device=q.device) for _ in range(2))
         return [self.forward_call(q, k, v, parts),
                 self.dkdv_call(q, k, v, do, lse, delta, torch.zeros_like(k), torch.zeros_like(v)),
                 self.dq_call(q, k, v, do, lse, delta, torch.zeros_like(q))]
 
+    def _partial_states(self, device) -> SoftmaxState:
+        """One state per split, each merge's identity to start; the forward overwrites every real row."""
+        spec = self.spec
+        return empty_state((self.schedule.num_splits, spec.batch, spec.heads_q, spec.len_q), spec.head_dim_v,
+                           dtype=self.state_dtype, device=device)
+
     def forward(self, q, k, v):
-        spec, splits = self.spec, self.schedule.num_splits
-        # Each split starts as merge's identity; the kernel overwrites every real row.
-        parts = empty_state((splits, spec.batch, spec.heads_q, spec.len_q), spec.head_dim_v,
-                            dtype=self.state_dtype, device=q.device)
+        parts = self._partial_states(q.device)
         self.forward_call(q, k, v, parts).launch()
-        return finalize(combine([SoftmaxState(*(t[s] for t in parts)) for s in range(splits)]))
+        return finalize(combine([SoftmaxState(*(t[s] for t in parts)) for s in range(self.schedule.num_splits)]))
 
     def backward(self, q, k, v, do, lse, delta):
         dq, dk, dv = (torch.zeros_like(t) for t in (q, k, v))

@@ -337,7 +337,14 @@ def test_non_contiguous_inputs():
 # The kernels are driven by the schedule
 # ----------------------------------------------------------------------------------------
 
+# The block-size and split-KV cases (tools/ascend_check.py lowers these too): make_inputs
+# overrides, then protocol kwargs; the causal block case needs block_m >= block_n.
 ACCEPTED_BLOCKS = (16, 32, 64, 128)
+BLOCK_SIZE_INPUTS = {"batch": 1, "len_q": 70, "len_k": 90}
+BLOCK_SIZE_CASES = ({"window": (20, 5), "kv_lens": [83]}, {"causal": "bottom_right"})
+SPLIT_KV_COUNTS = (3, 7)
+SPLIT_KV_INPUTS = {"len_q": 35, "len_k": 45}
+SPLIT_KV_CASE = {"causal": "bottom_right", "kv_lens": [45, 30]}
 
 
 @pytest.mark.parametrize("block_n", ACCEPTED_BLOCKS)
@@ -345,18 +352,19 @@ ACCEPTED_BLOCKS = (16, 32, 64, 128)
 def test_every_accepted_block_size_is_correct(block_m, block_n):
     """Powers of two >= 16; causal also needs block_m >= block_n. Small blocks meet FULL, PARTIAL
     and SKIP tiles; at 128 one ragged tile holds everything."""
-    inputs = make_inputs(30, batch=1, len_q=70, len_k=90)
+    inputs = make_inputs(30, **BLOCK_SIZE_INPUTS)
     schedule = TileSchedule(block_m, block_n)
-    assert_matches_oracle(inputs, schedule, window=(20, 5), kv_lens=[83])
+    windowed, causal = BLOCK_SIZE_CASES
+    assert_matches_oracle(inputs, schedule, **windowed)
     if block_m >= block_n:
-        assert_matches_oracle(inputs, schedule, causal="bottom_right")
+        assert_matches_oracle(inputs, schedule, **causal)
 
 
-@pytest.mark.parametrize("num_splits", [3, 7])
+@pytest.mark.parametrize("num_splits", SPLIT_KV_COUNTS)
 def test_split_kv_partials_merge_to_the_answer(num_splits):
     """7 splits of at most 3 visited key blocks: some splits are empty (merge's identity)."""
-    inputs = make_inputs(31, len_q=35, len_k=45)
-    assert_matches_oracle(inputs, TileSchedule(16, 16, num_splits), causal="bottom_right", kv_lens=[45, 30])
+    inputs = make_inputs(31, **SPLIT_KV_INPUTS)
+    assert_matches_oracle(inputs, TileSchedule(16, 16, num_splits), **SPLIT_KV_CASE)
 
 
 @pytest.mark.parametrize("block_m, block_n, causal, expected", [

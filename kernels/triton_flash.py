@@ -189,7 +189,7 @@ def _flags_base(FLAGS, b, h, stride_b, stride_h):
 
 
 @triton.jit
-def _load_flags(base, rows, cols, stride_i, stride_j, seq_q, seq_k):
+def _load_flags(base, rows, cols, seq_q, seq_k, stride_i, stride_j):
     """A bool tile of an int8 view of a bool ``[Sq, Sk]`` mask with any strides (0: broadcast)."""
     inside = (rows[:, None] < seq_q) & (cols[None, :] < seq_k)
     flags = tl.load(base + rows[:, None] * stride_i + cols[None, :] * stride_j, mask=inside, other=0)
@@ -242,7 +242,7 @@ def _tile_scores(q, k, rows, cols, tile_class,
     if tile_class != FULL_TILE:
         allowed = _may_attend(rows[:, None], cols[None, :], seq_q, len_k, window_left, window_right, CAUSAL)
         if HAS_ATTN_MASK:
-            allowed = allowed & _load_flags(mask_base, rows, cols, mask_si, mask_sj, seq_q, seq_k)
+            allowed = allowed & _load_flags(mask_base, rows, cols, seq_q, seq_k, mask_si, mask_sj)
         s = tl.where(allowed, s, float("-inf"))
     return s, slope
 
@@ -250,7 +250,7 @@ def _tile_scores(q, k, rows, cols, tile_class,
 @triton.jit
 def _keep_weights(rows, cols, seq_q, seq_k, keep_scale, keep_base, keep_si, keep_sj):
     """Dropout weights of a tile: ``1/(1-p)`` where the replayed keep-mask is True, else 0."""
-    return tl.where(_load_flags(keep_base, rows, cols, keep_si, keep_sj, seq_q, seq_k), keep_scale, 0.0)
+    return tl.where(_load_flags(keep_base, rows, cols, seq_q, seq_k, keep_si, keep_sj), keep_scale, 0.0)
 
 
 @triton.jit

@@ -38,7 +38,8 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_kernels.py
 
 # The triton-ascend lowering gate (docs/ascend.md): every Triton kernel lowered to Linalg/HIVM for
-# Ascend 910B, no NPU needed. triton-ascend replaces the `triton` package, so it has its own environment.
+# Ascend 910B, no NPU needed. triton-ascend replaces the `triton` package, so it has its own environment;
+# its backend imports pybind11 and numpy without declaring them; pytest runs the negative controls.
 ASCEND_VENV ?= .venv-ascend
 ASCEND_PY := $(ASCEND_VENV)/bin/python
 TRITON_ASCEND ?= triton-ascend==3.2.0

@@ -40,7 +40,7 @@ dS^T@Q products, so fp16/bf16 use tensor cores. fp32 products use ``input_precis
 "ieee"`` (Triton's default on CUDA is TF32, ~1e-3 relative).
 
 Portability (triton-ascend): only core ``tl`` operations, no libdevice or inline asm;
-mask tiles are loaded as int8 (Ascend A2/A3 loads have no uint8); head dims are padded
+mask tiles are loaded as int8 (triton-ascend documents some comparisons without uint8); head dims are padded
 to a power of two in {16, ..., 256}; under ``causal`` the schedule must have
 ``block_m >= block_n``. Ascend has no fp64. ``make ascend-check`` lowers every kernel
 through triton-ascend's ``ttir`` and ``ttadapter`` stages (Linalg/HIVM) for Ascend 910B;

@@ -13,7 +13,7 @@ VENV_ARGS := $(if $(filter system,$(TORCH)),--system-site-packages,)
 # to the best one the CPU has), so an instruction-set assumption fails here, not on a user's machine.
 CPU_CAPABILITIES ?= default avx2
 
-.PHONY: prove test bench
+.PHONY: prove test bench ascend-check
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV_ARGS) $(VENV)
@@ -36,3 +36,22 @@ test: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_kernels.py
+
+# The triton-ascend lowering gate (docs/ascend.md): every Triton kernel lowered to Linalg/HIVM for
+# Ascend 910B, no NPU needed. triton-ascend replaces the `triton` package, so it has its own environment;
+# its backend imports pybind11 and numpy without declaring them; pytest runs the negative controls.
+ASCEND_VENV ?= .venv-ascend
+ASCEND_PY := $(ASCEND_VENV)/bin/python
+TRITON_ASCEND ?= triton-ascend==3.2.0
+
+$(ASCEND_VENV)/.installed: pyproject.toml
+	python3 -m venv $(ASCEND_VENV)
+	$(ASCEND_PY) -m pip install -q --no-deps --no-index "$(TORCH)" 2>/dev/null || \
+		$(ASCEND_PY) -m pip install -q --no-deps --index-url $(TORCH_INDEX) "$(TORCH)"
+	$(ASCEND_PY) -m pip install -q "$(TORCH)" "$(TRITON_ASCEND)" pybind11 numpy pytest
+	$(ASCEND_PY) -m pip install -q --no-deps -e .
+	touch $@
+
+ascend-check: $(ASCEND_VENV)/.installed
+	TRITON_INTERPRET=0 $(ASCEND_PY) tools/ascend_check.py
+	TRITON_INTERPRET=0 $(ASCEND_PY) -m pytest -q -p no:attnformal.verify.pytest_plugin tests/kernels/test_ascend_lowering.py

@@ -24,15 +24,27 @@ call Python: the mask predicate (:func:`_may_attend`, from :mod:`attnformal.mask
 the merge (:func:`_merge`, from :mod:`attnformal.merge`), plus the GQA head map.
 ``tests/kernels/test_triton_flash.py`` checks each against the spec's definition.
 
+Arguments: Triton has no structs, so every kernel takes the same groups, flat and in one
+order: its tensors, then :class:`Geometry`, :class:`IndexMask`, :class:`Scores`,
+:class:`DataMasks`, :class:`ScheduleTables` and the kernel's own loop table, then the
+compile-time :class:`Features` and :class:`Tiles`. :class:`Launch` builds each group once
+from the spec and the schedule and passes every argument by name; the tile helpers take
+what they need in the same order (``seq_q`` before ``seq_k``/``len_k`` everywhere). A new
+index-mask family is a field of :class:`IndexMask` (on that line of each kernel and of
+``_tile_scores``/``_tile_grads``) and a branch of :func:`_may_attend`; a new score
+modification is a field of :class:`Scores` and a step of :func:`_modify_scores`.
+
 Precision: scores and all states accumulate in float32 (float64 for float64 inputs).
 As in FlashAttention-2, P and dS are rounded to the input dtype before the P@V, dS@K and
 dS^T@Q products, so fp16/bf16 use tensor cores. fp32 products use ``input_precision=
 "ieee"`` (Triton's default on CUDA is TF32, ~1e-3 relative).
 
 Portability (triton-ascend): only core ``tl`` operations, no libdevice or inline asm;
-mask tiles are loaded as int8 (Ascend A2/A3 loads have no uint8); head dims are padded
+mask tiles are loaded as int8 (triton-ascend documents some comparisons without uint8); head dims are padded
 to a power of two in {16, ..., 256}; under ``causal`` the schedule must have
-``block_m >= block_n``. Ascend has no fp64. None of this was run on Ascend hardware.
+``block_m >= block_n``. Ascend has no fp64. ``make ascend-check`` lowers every kernel
+through triton-ascend's ``ttir`` and ``ttadapter`` stages (Linalg/HIVM) for Ascend 910B;
+nothing was compiled to an NPU binary or run on Ascend hardware (docs/ascend.md).
 
 Interpreter: ``TRITON_INTERPRET=1`` must be set before this module is imported (Triton
 decides at decoration time). The interpreter stores bf16 as raw uint16 and its ``tl.dot``
@@ -44,6 +56,7 @@ products are exact in fp32, so only the fp32 summation order differs from a tens
 from __future__ import annotations
 
 import functools
+from typing import Any, NamedTuple
 
 try:  # first: without triton nothing here can run
     import triton
@@ -77,9 +90,12 @@ BOTTOM_RIGHT: tl.constexpr = tl.constexpr(CAUSAL_MODES.index("bottom_right"))
 # ----------------------------------------------------------------------------------------
 
 @triton.jit
-def _may_attend(i, j, len_q, len_k, window_left, window_right, CAUSAL: tl.constexpr):
-    """:func:`attnformal.masks.may_attend`: one key interval ``[lo, hi]`` per query row."""
-    offset = len_k - len_q  # bottom-right alignment: query i lines up with key i + offset
+def _may_attend(i, j, seq_q, len_k, window_left, window_right, CAUSAL: tl.constexpr):
+    """:func:`attnformal.masks.may_attend`: one key interval ``[lo, hi]`` per query row.
+
+    A new index-mask family is one more branch here, fed by one more field of the index-mask group.
+    """
+    offset = len_k - seq_q  # bottom-right alignment: query i lines up with key i + offset
     lo = tl.zeros_like(i)
     hi = tl.zeros_like(i) + len_k - 1
     if CAUSAL == TOP_LEFT:
@@ -89,7 +105,7 @@ def _may_attend(i, j, len_q, len_k, window_left, window_right, CAUSAL: tl.conste
     # A negative window bound leaves that side unbounded.
     lo = tl.where(window_left < 0, lo, tl.maximum(lo, i + offset - window_left))
     hi = tl.where(window_right < 0, hi, tl.minimum(hi, i + offset + window_right))
-    return (0 <= i) & (i < len_q) & (lo <= j) & (j <= hi)
+    return (0 <= i) & (i < seq_q) & (lo <= j) & (j <= hi)
 
 
 @triton.jit
@@ -121,7 +137,7 @@ def _merge(m_a, l_a, acc_a, m_b, l_b, acc_b):
 
 
 # ----------------------------------------------------------------------------------------
-# Tile helpers
+# Tile helpers. Their parameters follow the kernels' group order (module note).
 # ----------------------------------------------------------------------------------------
 
 @triton.jit
@@ -131,8 +147,8 @@ def _check_tile(SIZE: tl.constexpr):
 
 
 @triton.jit
-def _check_tile_sizes(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                      BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr):
+def _check_tiles(CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                 BLOCK_DV: tl.constexpr):
     _check_tile(BLOCK_M)
     _check_tile(BLOCK_N)
     _check_tile(BLOCK_D)
@@ -140,6 +156,14 @@ def _check_tile_sizes(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.
     tl.static_assert(BLOCK_D <= 256 and BLOCK_DV <= 256, "triton-ascend supports head dims up to 256")
     tl.static_assert(CAUSAL == NOT_CAUSAL or BLOCK_M >= BLOCK_N,
                      "triton-ascend's causal attention needs BLOCK_M >= BLOCK_N")
+
+
+@triton.jit
+def _heads(bh, heads_q, group):
+    """A (batch x query head) program index as ``(b, h, kv_bh)``, ``kv_bh`` the KV head's row of K and V."""
+    b = bh // heads_q
+    h = bh % heads_q
+    return b, h, b * (heads_q // group) + _kv_head_of(h, group)
 
 
 @triton.jit
@@ -159,9 +183,15 @@ def _load_rows(base, rows, cols, n_rows, n_cols):
 
 
 @triton.jit
-def _load_flags(base, rows, cols, stride_i, stride_j, n_rows, n_cols):
+def _flags_base(FLAGS, b, h, stride_b, stride_h):
+    """Where the ``[Sq, Sk]`` flags of batch ``b``, query head ``h`` start (stride 0: broadcast)."""
+    return FLAGS + b * stride_b + h * stride_h
+
+
+@triton.jit
+def _load_flags(base, rows, cols, seq_q, seq_k, stride_i, stride_j):
     """A bool tile of an int8 view of a bool ``[Sq, Sk]`` mask with any strides (0: broadcast)."""
-    inside = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    inside = (rows[:, None] < seq_q) & (cols[None, :] < seq_k)
     flags = tl.load(base + rows[:, None] * stride_i + cols[None, :] * stride_j, mask=inside, other=0)
     return flags != 0
 
@@ -179,31 +209,48 @@ def _tanh(x):
 
 
 @triton.jit
-def _tile_scores(q, k, rows, cols, tile_class, scale, softcap, seq_q, len_k, seq_k, window_left, window_right,
-                 mask_base, mask_si, mask_sj, CAUSAL: tl.constexpr, HAS_ATTN_MASK: tl.constexpr,
-                 HAS_SOFTCAP: tl.constexpr, BF16_VIA_FP32: tl.constexpr):
-    """:func:`attnformal.tile.tile_scores`: ``(s, slope)`` of a tile, masked only if it is not FULL.
+def _load_scalars(SCALARS):
+    """The float parameters, stored in the state dtype: ``(scale, softcap, 1/(1-p))``."""
+    return tl.load(SCALARS + 0), tl.load(SCALARS + 1), tl.load(SCALARS + 2)
 
-    ``s = scale q k^T``, capped, then -inf where the index rule or the explicit mask forbids;
-    ``slope`` is the softcap's derivative ``1 - tanh^2``, from the unmasked scores (1 without).
+
+@triton.jit
+def _modify_scores(s, softcap, HAS_SOFTCAP: tl.constexpr):
+    """Score modifications after ``scale q k^T``, before the mask: ``(s, ds_out/ds_in)``.
+
+    Only the softcap today: ``softcap tanh(s / softcap)``, whose derivative is ``1 - tanh^2``.
+    A new modification is one more step here, with its parameters in the score group.
     """
-    s = _dot(q, tl.trans(k), BF16_VIA_FP32) * scale
     slope = 1.0
     if HAS_SOFTCAP:
         s = softcap * _tanh(s / softcap)
         slope = 1.0 - (s / softcap) * (s / softcap)
+    return s, slope
+
+
+@triton.jit
+def _tile_scores(q, k, rows, cols, tile_class,
+                 seq_q, seq_k, len_k, window_left, window_right, scale, softcap, mask_base, mask_si, mask_sj,
+                 CAUSAL: tl.constexpr, HAS_ATTN_MASK: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                 BF16_VIA_FP32: tl.constexpr):
+    """:func:`attnformal.tile.tile_scores`: ``(s, slope)`` of a tile, masked only if it is not FULL.
+
+    ``s`` is ``scale q k^T`` modified (:func:`_modify_scores`), then -inf where the index rule
+    or the explicit mask forbids; ``slope`` is the modification's derivative (1 without).
+    """
+    s, slope = _modify_scores(_dot(q, tl.trans(k), BF16_VIA_FP32) * scale, softcap, HAS_SOFTCAP)
     if tile_class != FULL_TILE:
         allowed = _may_attend(rows[:, None], cols[None, :], seq_q, len_k, window_left, window_right, CAUSAL)
         if HAS_ATTN_MASK:
-            allowed = allowed & _load_flags(mask_base, rows, cols, mask_si, mask_sj, seq_q, seq_k)
+            allowed = allowed & _load_flags(mask_base, rows, cols, seq_q, seq_k, mask_si, mask_sj)
         s = tl.where(allowed, s, float("-inf"))
     return s, slope
 
 
 @triton.jit
-def _load_scalars(SCALARS):
-    """The float parameters, stored in the state dtype: ``(scale, softcap, 1/(1-p))``."""
-    return tl.load(SCALARS + 0), tl.load(SCALARS + 1), tl.load(SCALARS + 2)
+def _keep_weights(rows, cols, seq_q, seq_k, keep_scale, keep_base, keep_si, keep_sj):
+    """Dropout weights of a tile: ``1/(1-p)`` where the replayed keep-mask is True, else 0."""
+    return tl.where(_load_flags(keep_base, rows, cols, seq_q, seq_k, keep_si, keep_sj), keep_scale, 0.0)
 
 
 @triton.jit
@@ -217,12 +264,6 @@ def _load_query_rows(Q, DO, LSE, DELTA, bh, rows, dims, dims_v, seq_q, head_dim,
     return q, do, lse, delta
 
 
-@triton.jit
-def _keep_weights(keep_base, rows, cols, keep_si, keep_sj, seq_q, seq_k, keep_scale):
-    """Dropout weights of a tile: ``1/(1-p)`` where the replayed keep-mask is True, else 0."""
-    return tl.where(_load_flags(keep_base, rows, cols, keep_si, keep_sj, seq_q, seq_k), keep_scale, 0.0)
-
-
 # ----------------------------------------------------------------------------------------
 # Forward: one program per (query block, split, batch x query head)
 # ----------------------------------------------------------------------------------------
@@ -230,24 +271,27 @@ def _keep_weights(keep_base, rows, cols, keep_si, keep_sj, seq_q, seq_k, keep_sc
 @triton.jit
 def _attn_fwd(
     Q, K, V, M_PART, L_PART, ACC_PART,  # q, k, v contiguous [B, H, S, D]; partial states [splits, B, Hq, Sq(, Dv)]
-    KV_LENS, CLASSES, KV_SPLITS, SCALARS,  # [B]; [B, nM, nN]; [B, nM, splits, 2]; (scale, softcap, 1/(1-p))
-    ATTN_MASK, mask_sb, mask_sh, mask_si, mask_sj,  # int8 view of the explicit mask and its strides
-    KEEP, keep_sb, keep_sh, keep_si, keep_sj,  # int8 view of the dropout keep-mask and its strides
-    batch, heads_q, group, seq_q, seq_k, head_dim, head_dim_v, num_q_blocks, num_kv_blocks, num_splits,
-    window_left, window_right,
+    batch, heads_q, group, seq_q, seq_k, head_dim, head_dim_v,  # geometry
+    KV_LENS, window_left, window_right,  # index mask: [B] key lengths, window bounds (-1: unbounded)
+    SCALARS,  # scores: (scale, softcap, 1/(1-p))
+    ATTN_MASK, mask_sb, mask_sh, mask_si, mask_sj, KEEP, keep_sb, keep_sh, keep_si, keep_sj,  # data masks
+    CLASSES, num_q_blocks, num_kv_blocks, KV_SPLITS, num_splits,  # schedule: [B, nM, nN]; [B, nM, splits, 2]
     CAUSAL: tl.constexpr, HAS_ATTN_MASK: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-    BF16_VIA_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BF16_VIA_FP32: tl.constexpr,
 ):
-    _check_tile_sizes(BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, CAUSAL)
+    """The softmax state of one query block of one query head over one split's key blocks."""
+    _check_tiles(CAUSAL, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
     bm = tl.program_id(0)
     split = tl.program_id(1)
     bh = tl.program_id(2).to(tl.int64)  # 64-bit offsets: B*H*S*D may pass 2**31
-    b = bh // heads_q
-    h = bh % heads_q
-    kv_bh = b * (heads_q // group) + _kv_head_of(h, group)
+    b, h, kv_bh = _heads(bh, heads_q, group)
     len_k = tl.load(KV_LENS + b)  # this batch's key length: keys past it are padding
     scale, softcap, keep_scale = _load_scalars(SCALARS)
+    mask_base = _flags_base(ATTN_MASK, b, h, mask_sb, mask_sh)
+    keep_base = _flags_base(KEEP, b, h, keep_sb, keep_sh)
+    class_row = CLASSES + (b * num_q_blocks + bm) * num_kv_blocks
+    split_range = KV_SPLITS + ((b * num_q_blocks + bm) * num_splits + split) * 2
 
     rows = bm * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, BLOCK_D)
@@ -255,10 +299,6 @@ def _attn_fwd(
     q = _load_rows(Q + bh * seq_q * head_dim, rows, dims, seq_q, head_dim)
     k_base = K + kv_bh * seq_k * head_dim
     v_base = V + kv_bh * seq_k * head_dim_v
-    mask_base = ATTN_MASK + b * mask_sb + h * mask_sh
-    keep_base = KEEP + b * keep_sb + h * keep_sh
-    class_row = CLASSES + (b * num_q_blocks + bm) * num_kv_blocks
-    split_range = KV_SPLITS + ((b * num_q_blocks + bm) * num_splits + split) * 2
 
     # The empty state (merge's identity): m = -inf, l = 0, acc = 0.
     m_i = tl.full([BLOCK_M], float("-inf"), M_PART.dtype.element_ty)
@@ -269,15 +309,15 @@ def _attn_fwd(
         k = _load_rows(k_base, cols, dims, seq_k, head_dim)
         v = _load_rows(v_base, cols, dims_v, seq_k, head_dim_v)
         # -- scores; the element-wise mask only where the schedule says PARTIAL
-        s, _ = _tile_scores(q, k, rows, cols, tl.load(class_row + bn), scale, softcap, seq_q, len_k, seq_k,
-                            window_left, window_right, mask_base, mask_si, mask_sj,
-                            CAUSAL, HAS_ATTN_MASK, HAS_SOFTCAP, BF16_VIA_FP32)
+        s, _ = _tile_scores(q, k, rows, cols, tl.load(class_row + bn),
+                            seq_q, seq_k, len_k, window_left, window_right, scale, softcap,
+                            mask_base, mask_si, mask_sj, CAUSAL, HAS_ATTN_MASK, HAS_SOFTCAP, BF16_VIA_FP32)
         # -- the tile's own state (attnformal.merge.block_state); dropout after the denominator
         m_ij = tl.max(s, 1)
         p = tl.exp(s - _finite_shift(m_ij)[:, None])
         l_ij = tl.sum(p, 1)
         if HAS_KEEP:
-            p = p * _keep_weights(keep_base, rows, cols, keep_si, keep_sj, seq_q, seq_k, keep_scale)
+            p = p * _keep_weights(rows, cols, seq_q, seq_k, keep_scale, keep_base, keep_si, keep_sj)
         acc_ij = _dot(p.to(v.dtype), v, BF16_VIA_FP32)
         # -- fold it into the running state
         m_i, l_i, acc = _merge(m_i, l_i, acc, m_ij, l_ij, acc_ij)
@@ -295,20 +335,20 @@ def _attn_fwd(
 # ----------------------------------------------------------------------------------------
 
 @triton.jit
-def _tile_grads(q, k, v, do, lse, delta, rows, cols, tile_class, len_k, seq_q, seq_k,
-                window_left, window_right, mask_base, mask_si, mask_sj, keep_base, keep_si, keep_sj,
-                scale, softcap, keep_scale,
+def _tile_grads(q, k, v, do, lse, delta, rows, cols, tile_class,
+                seq_q, seq_k, len_k, window_left, window_right, scale, softcap, keep_scale,
+                mask_base, mask_si, mask_sj, keep_base, keep_si, keep_sj,
                 CAUSAL: tl.constexpr, HAS_ATTN_MASK: tl.constexpr, HAS_KEEP: tl.constexpr,
                 HAS_SOFTCAP: tl.constexpr, BF16_VIA_FP32: tl.constexpr):
     """``(P * weights, dS / scale)`` of one tile, as :func:`attnformal.tile.tile_grads` forms them."""
-    s, slope = _tile_scores(q, k, rows, cols, tile_class, scale, softcap, seq_q, len_k, seq_k,
-                            window_left, window_right, mask_base, mask_si, mask_sj,
-                            CAUSAL, HAS_ATTN_MASK, HAS_SOFTCAP, BF16_VIA_FP32)
+    s, slope = _tile_scores(q, k, rows, cols, tile_class,
+                            seq_q, seq_k, len_k, window_left, window_right, scale, softcap,
+                            mask_base, mask_si, mask_sj, CAUSAL, HAS_ATTN_MASK, HAS_SOFTCAP, BF16_VIA_FP32)
     p = tl.exp(s - _finite_shift(lse)[:, None])  # 0 on masked keys and on empty rows
     dp = _dot(do, tl.trans(v), BF16_VIA_FP32)
     p_kept = p
     if HAS_KEEP:
-        weights = _keep_weights(keep_base, rows, cols, keep_si, keep_sj, seq_q, seq_k, keep_scale)
+        weights = _keep_weights(rows, cols, seq_q, seq_k, keep_scale, keep_base, keep_si, keep_sj)
         p_kept = p * weights
         dp = dp * weights
     ds = p * (dp - delta[:, None]) * slope
@@ -318,17 +358,17 @@ def _tile_grads(q, k, v, do, lse, delta, rows, cols, tile_class, len_k, seq_q, s
 @triton.jit
 def _attn_bwd_dkdv(
     Q, K, V, DO, LSE, DELTA, DK, DV,  # contiguous [B, H, S, D]; LSE, DELTA [B, Hq, Sq]
-    KV_LENS, CLASSES, Q_RANGES, SCALARS,  # [B]; [B, nM, nN]; [B, nN, 2]; (scale, softcap, 1/(1-p))
-    ATTN_MASK, mask_sb, mask_sh, mask_si, mask_sj,
-    KEEP, keep_sb, keep_sh, keep_si, keep_sj,
-    heads_q, group, seq_q, seq_k, head_dim, head_dim_v, num_q_blocks, num_kv_blocks,
-    window_left, window_right,
+    batch, heads_q, group, seq_q, seq_k, head_dim, head_dim_v,  # geometry
+    KV_LENS, window_left, window_right,  # index mask
+    SCALARS,  # scores
+    ATTN_MASK, mask_sb, mask_sh, mask_si, mask_sj, KEEP, keep_sb, keep_sh, keep_si, keep_sj,  # data masks
+    CLASSES, num_q_blocks, num_kv_blocks, Q_RANGES,  # schedule: [B, nM, nN]; [B, nN, 2]
     CAUSAL: tl.constexpr, HAS_ATTN_MASK: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-    BF16_VIA_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BF16_VIA_FP32: tl.constexpr,
 ):
     """dK, dV of one key block of one KV head: the sum over the query heads of its group."""
-    _check_tile_sizes(BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, CAUSAL)
+    _check_tiles(CAUSAL, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
     bn = tl.program_id(0)
     bhk = tl.program_id(1).to(tl.int64)
     heads_kv = heads_q // group
@@ -336,15 +376,13 @@ def _attn_bwd_dkdv(
     kv_head = bhk % heads_kv
     len_k = tl.load(KV_LENS + b)
     scale, softcap, keep_scale = _load_scalars(SCALARS)
+    q_range = Q_RANGES + (b * num_kv_blocks + bn) * 2
 
     cols = bn * BLOCK_N + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, BLOCK_D)
     dims_v = tl.arange(0, BLOCK_DV)
     k = _load_rows(K + bhk * seq_k * head_dim, cols, dims, seq_k, head_dim)
     v = _load_rows(V + bhk * seq_k * head_dim_v, cols, dims_v, seq_k, head_dim_v)
-    q_range = Q_RANGES + (b * num_kv_blocks + bn) * 2
-    q_start = tl.load(q_range)
-    q_stop = tl.load(q_range + 1)
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], LSE.dtype.element_ty)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], LSE.dtype.element_ty)
@@ -352,16 +390,16 @@ def _attn_bwd_dkdv(
     for g in range(group):
         h = first_head + g
         bh = b * heads_q + h
-        mask_base = ATTN_MASK + b * mask_sb + h * mask_sh
-        keep_base = KEEP + b * keep_sb + h * keep_sh
-        for bm in range(q_start, q_stop):
+        mask_base = _flags_base(ATTN_MASK, b, h, mask_sb, mask_sh)
+        keep_base = _flags_base(KEEP, b, h, keep_sb, keep_sh)
+        for bm in range(tl.load(q_range), tl.load(q_range + 1)):
             rows = bm * BLOCK_M + tl.arange(0, BLOCK_M)
             q, do, lse, delta = _load_query_rows(Q, DO, LSE, DELTA, bh, rows, dims, dims_v, seq_q, head_dim,
                                                  head_dim_v)
             tile_class = tl.load(CLASSES + (b * num_q_blocks + bm) * num_kv_blocks + bn)
-            p_kept, ds = _tile_grads(q, k, v, do, lse, delta, rows, cols, tile_class, len_k, seq_q, seq_k,
-                                     window_left, window_right, mask_base, mask_si, mask_sj,
-                                     keep_base, keep_si, keep_sj, scale, softcap, keep_scale,
+            p_kept, ds = _tile_grads(q, k, v, do, lse, delta, rows, cols, tile_class,
+                                     seq_q, seq_k, len_k, window_left, window_right, scale, softcap, keep_scale,
+                                     mask_base, mask_si, mask_sj, keep_base, keep_si, keep_sj,
                                      CAUSAL, HAS_ATTN_MASK, HAS_KEEP, HAS_SOFTCAP, BF16_VIA_FP32)
             dv += _dot(tl.trans(p_kept.to(do.dtype)), do, BF16_VIA_FP32)
             dk += _dot(tl.trans(ds.to(q.dtype)), q, BF16_VIA_FP32)
@@ -376,25 +414,27 @@ def _attn_bwd_dkdv(
 
 @triton.jit
 def _attn_bwd_dq(
-    Q, K, V, DO, LSE, DELTA, DQ,
-    KV_LENS, CLASSES, KV_RANGES, SCALARS,  # [B]; [B, nM, nN]; [B, nM, 2]; (scale, softcap, 1/(1-p))
-    ATTN_MASK, mask_sb, mask_sh, mask_si, mask_sj,
-    KEEP, keep_sb, keep_sh, keep_si, keep_sj,
-    heads_q, group, seq_q, seq_k, head_dim, head_dim_v, num_q_blocks, num_kv_blocks,
-    window_left, window_right,
+    Q, K, V, DO, LSE, DELTA, DQ,  # contiguous [B, H, S, D]; LSE, DELTA [B, Hq, Sq]
+    batch, heads_q, group, seq_q, seq_k, head_dim, head_dim_v,  # geometry
+    KV_LENS, window_left, window_right,  # index mask
+    SCALARS,  # scores
+    ATTN_MASK, mask_sb, mask_sh, mask_si, mask_sj, KEEP, keep_sb, keep_sh, keep_si, keep_sj,  # data masks
+    CLASSES, num_q_blocks, num_kv_blocks, KV_RANGES,  # schedule: [B, nM, nN]; [B, nM, 2]
     CAUSAL: tl.constexpr, HAS_ATTN_MASK: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-    BF16_VIA_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BF16_VIA_FP32: tl.constexpr,
 ):
     """dQ of one query block of one query head, over the key blocks the schedule visits."""
-    _check_tile_sizes(BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, CAUSAL)
+    _check_tiles(CAUSAL, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
     bm = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
-    b = bh // heads_q
-    h = bh % heads_q
-    kv_bh = b * (heads_q // group) + _kv_head_of(h, group)
+    b, h, kv_bh = _heads(bh, heads_q, group)
     len_k = tl.load(KV_LENS + b)
     scale, softcap, keep_scale = _load_scalars(SCALARS)
+    mask_base = _flags_base(ATTN_MASK, b, h, mask_sb, mask_sh)
+    keep_base = _flags_base(KEEP, b, h, keep_sb, keep_sh)
+    class_row = CLASSES + (b * num_q_blocks + bm) * num_kv_blocks
+    kv_range = KV_RANGES + (b * num_q_blocks + bm) * 2
 
     rows = bm * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, BLOCK_D)
@@ -402,19 +442,15 @@ def _attn_bwd_dq(
     q, do, lse, delta = _load_query_rows(Q, DO, LSE, DELTA, bh, rows, dims, dims_v, seq_q, head_dim, head_dim_v)
     k_base = K + kv_bh * seq_k * head_dim
     v_base = V + kv_bh * seq_k * head_dim_v
-    mask_base = ATTN_MASK + b * mask_sb + h * mask_sh
-    keep_base = KEEP + b * keep_sb + h * keep_sh
-    class_row = CLASSES + (b * num_q_blocks + bm) * num_kv_blocks
-    kv_range = KV_RANGES + (b * num_q_blocks + bm) * 2
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], LSE.dtype.element_ty)
     for bn in range(tl.load(kv_range), tl.load(kv_range + 1)):
         cols = bn * BLOCK_N + tl.arange(0, BLOCK_N)
         k = _load_rows(k_base, cols, dims, seq_k, head_dim)
         v = _load_rows(v_base, cols, dims_v, seq_k, head_dim_v)
-        _, ds = _tile_grads(q, k, v, do, lse, delta, rows, cols, tl.load(class_row + bn), len_k, seq_q, seq_k,
-                            window_left, window_right, mask_base, mask_si, mask_sj,
-                            keep_base, keep_si, keep_sj, scale, softcap, keep_scale,
+        _, ds = _tile_grads(q, k, v, do, lse, delta, rows, cols, tl.load(class_row + bn),
+                            seq_q, seq_k, len_k, window_left, window_right, scale, softcap, keep_scale,
+                            mask_base, mask_si, mask_sj, keep_base, keep_si, keep_sj,
                             CAUSAL, HAS_ATTN_MASK, HAS_KEEP, HAS_SOFTCAP, BF16_VIA_FP32)
         dq += _dot(ds.to(k.dtype), k, BF16_VIA_FP32)
 
@@ -423,7 +459,7 @@ def _attn_bwd_dq(
 
 
 # ----------------------------------------------------------------------------------------
-# Host side: validation, the schedule's tables, launches
+# Host side: validation, the schedule's tables, the kernels' arguments, launches
 # ----------------------------------------------------------------------------------------
 
 @protocol_entry
@@ -434,12 +470,18 @@ def attention(q, k, v, spec: AttentionSpec, schedule: TileSchedule | None):
     ``lse`` ``[B, Hq, Sq]`` (float32; float64 for float64 inputs). Differentiable.
     """
     schedule = DEFAULT_SCHEDULE if schedule is None else schedule
-    _check_launchable(spec, schedule, q)
+    check_launchable(spec, schedule, q.dtype, q.device.type)
     return _FlashAttention.apply(q, k, v, spec, schedule)
 
 
-def _check_launchable(spec: AttentionSpec, schedule: TileSchedule, q):
-    """What these kernels need beyond a valid spec; one error naming the argument otherwise."""
+def check_launchable(spec: AttentionSpec, schedule: TileSchedule, dtype, device_type: str):
+    """What these kernels need beyond a valid spec; one error naming the argument otherwise.
+
+    Besides Triton's own tile rules, the restrictions triton-ascend documents but its front
+    end does not check at lowering time (docs/ascend.md cites where each is documented):
+    ``block_m >= block_n`` under causal masking, padded head dims in {16, ..., 256}, and no
+    float64 on an NPU (``device_type="npu"``; the interpreter and CUDA do have float64).
+    """
     if not isinstance(schedule, TileSchedule):
         raise SpecError("schedule", "a TileSchedule or None", type(schedule).__name__)
     for name in ("block_m", "block_n"):
@@ -454,11 +496,11 @@ def _check_launchable(spec: AttentionSpec, schedule: TileSchedule, q):
         if dim > MAX_HEAD_DIM:
             raise NotImplementedError(f"triton_flash: argument '{name}': head dim {dim} > {MAX_HEAD_DIM} "
                                       "is not supported (triton-ascend's limit)")
-    if q.device.type == "npu" and q.dtype == torch.float64:
+    if device_type == "npu" and dtype == torch.float64:
         raise NotImplementedError("triton_flash: argument 'q': Ascend NPUs have no float64")
-    if q.device.type == "cpu" and not _INTERPRETED:
+    if device_type == "cpu" and not _INTERPRETED:
         raise NotImplementedError("triton_flash: CPU tensors run only under the Triton interpreter: set "
-                           "TRITON_INTERPRET=1 before importing attnformal.kernels.triton_flash")
+                                  "TRITON_INTERPRET=1 before importing attnformal.kernels.triton_flash")
 
 
 def _state_dtype(dtype):
@@ -526,8 +568,88 @@ def _q_block_ranges(classes):
     return torch.stack([torch.where(count > 0, start, 0), torch.where(count > 0, stop, 0)], -1).to(torch.int32)
 
 
-class _Launch:
-    """Everything the three kernels share: the schedule's tables, masks, scalars, sizes."""
+# The kernels' argument groups, in the order every kernel takes them (between its tensors
+# and the schedule's loop table); tests/kernels/test_triton_flash.py checks the signatures.
+
+class Geometry(NamedTuple):
+    batch: int
+    heads_q: int
+    group: int  # query heads per KV head
+    seq_q: int
+    seq_k: int
+    head_dim: int
+    head_dim_v: int
+
+
+class IndexMask(NamedTuple):
+    """The index rule's runtime part; its mode (``CAUSAL``) is a compile-time feature."""
+
+    KV_LENS: Any  # [B] int32: each batch's key length
+    window_left: int  # -1: unbounded
+    window_right: int
+
+
+class Scores(NamedTuple):
+    SCALARS: Any  # (scale, softcap, 1/(1-p)) in the state dtype: Python floats would travel as fp32
+
+
+class DataMasks(NamedTuple):
+    """The explicit mask and the dropout keep-mask: int8 views of bool tensors, with strides (0: broadcast)."""
+
+    ATTN_MASK: Any
+    mask_sb: int
+    mask_sh: int
+    mask_si: int
+    mask_sj: int
+    KEEP: Any
+    keep_sb: int
+    keep_sh: int
+    keep_si: int
+    keep_sj: int
+
+
+class ScheduleTables(NamedTuple):
+    """The class table every kernel reads; each kernel's own loop table follows it."""
+
+    CLASSES: Any  # [B, nM, nN] int32
+    num_q_blocks: int
+    num_kv_blocks: int
+
+
+class Features(NamedTuple):
+    CAUSAL: int  # an index into attnformal.masks.CAUSAL_MODES
+    HAS_ATTN_MASK: bool
+    HAS_KEEP: bool
+    HAS_SOFTCAP: bool
+
+
+class Tiles(NamedTuple):
+    BLOCK_M: int
+    BLOCK_N: int
+    BLOCK_D: int  # head dims padded to a power of two >= 16
+    BLOCK_DV: int
+    BF16_VIA_FP32: bool  # the interpreter's bf16 dot workaround (module note)
+
+
+RUNTIME_GROUPS = (Geometry, IndexMask, Scores, DataMasks, ScheduleTables)
+COMPILE_TIME_GROUPS = (Features, Tiles)
+
+
+class KernelCall(NamedTuple):
+    """One launch: every parameter by name, in the kernel's order."""
+
+    kernel: Any
+    grid: tuple[int, ...]
+    args: dict
+    num_warps: int
+
+    def launch(self):
+        if all(n > 0 for n in self.grid):
+            self.kernel[self.grid](**self.args, num_warps=self.num_warps)
+
+
+class Launch:
+    """The arguments of every kernel, built in one place from the spec, the schedule and q."""
 
     def __init__(self, spec: AttentionSpec, schedule: TileSchedule, q):
         device = q.device
@@ -536,47 +658,70 @@ class _Launch:
         classes, self.q_ranges, self.kv_ranges, self.kv_splits, kv_lens = _schedule_tables(
             schedule, _IndexGeometry(spec), device)
         self.num_q_blocks, self.num_kv_blocks = classes.shape[1:]
-        window_left, window_right = _window_args(spec.window, spec.len_q + spec.len_k)
-        self.args = dict(
-            CLASSES=classes, KV_LENS=kv_lens,
-            SCALARS=torch.tensor([spec.scale, spec.softcap or 1.0, 1.0 / (1.0 - spec.dropout_p)],
-                                 dtype=self.state_dtype, device=device),  # Python floats would travel as fp32
-            **_flags_args("ATTN_MASK", "mask", spec.attn_mask, device),
-            **_flags_args("KEEP", "keep", spec.dropout_mask, device),
-            heads_q=spec.heads_q, group=spec.group, seq_q=spec.len_q, seq_k=spec.len_k,
-            head_dim=spec.head_dim, head_dim_v=spec.head_dim_v,
-            num_q_blocks=self.num_q_blocks, num_kv_blocks=self.num_kv_blocks,
-            window_left=window_left, window_right=window_right,
-            CAUSAL=CAUSAL_MODES.index(spec.causal),
-            HAS_ATTN_MASK=spec.attn_mask is not None, HAS_KEEP=spec.dropout_mask is not None,
-            HAS_SOFTCAP=spec.softcap is not None,
-            BF16_VIA_FP32=_INTERPRETED and q.dtype == torch.bfloat16,
-            BLOCK_M=schedule.block_m, BLOCK_N=schedule.block_n,
-            BLOCK_D=_padded(spec.head_dim), BLOCK_DV=_padded(spec.head_dim_v),
+        scalars = torch.tensor([spec.scale, spec.softcap or 1.0, 1.0 / (1.0 - spec.dropout_p)],
+                               dtype=self.state_dtype, device=device)
+        self.groups = (
+            Geometry(spec.batch, spec.heads_q, spec.group, spec.len_q, spec.len_k, spec.head_dim, spec.head_dim_v),
+            IndexMask(kv_lens, *_window_args(spec.window, spec.len_q + spec.len_k)),
+            Scores(scalars),
+            DataMasks(*_flags_args(spec.attn_mask, device), *_flags_args(spec.dropout_mask, device)),
+            ScheduleTables(classes, self.num_q_blocks, self.num_kv_blocks),
+        )
+        self.compile_time = (
+            Features(CAUSAL_MODES.index(spec.causal), spec.attn_mask is not None, spec.dropout_mask is not None,
+                     spec.softcap is not None),
+            Tiles(schedule.block_m, schedule.block_n, _padded(spec.head_dim), _padded(spec.head_dim_v),
+                  _INTERPRETED and q.dtype == torch.bfloat16),
         )
 
+    def forward_call(self, q, k, v, parts: SoftmaxState) -> KernelCall:
+        splits = self.schedule.num_splits
+        tensors = dict(Q=q, K=k, V=v, M_PART=parts.m, L_PART=parts.l, ACC_PART=parts.acc)
+        return self._call(_attn_fwd, (self.num_q_blocks, splits, self.spec.batch * self.spec.heads_q),
+                          self.schedule.block_m, tensors, dict(KV_SPLITS=self.kv_splits, num_splits=splits))
+
+    def dkdv_call(self, q, k, v, do, lse, delta, dk, dv) -> KernelCall:
+        return self._call(_attn_bwd_dkdv, (self.num_kv_blocks, self.spec.batch * self.spec.heads_kv),
+                          self.schedule.block_n, dict(Q=q, K=k, V=v, DO=do, LSE=lse, DELTA=delta, DK=dk, DV=dv),
+                          dict(Q_RANGES=self.q_ranges))
+
+    def dq_call(self, q, k, v, do, lse, delta, dq) -> KernelCall:
+        return self._call(_attn_bwd_dq, (self.num_q_blocks, self.spec.batch * self.spec.heads_q),
+                          self.schedule.block_m, dict(Q=q, K=k, V=v, DO=do, LSE=lse, DELTA=delta, DQ=dq),
+                          dict(KV_RANGES=self.kv_ranges))
+
+    def _call(self, kernel, grid, rows, tensors, loop_table) -> KernelCall:
+        runtime = {name: value for group in self.groups for name, value in group._asdict().items()}
+        compile_time = {name: value for group in self.compile_time for name, value in group._asdict().items()}
+        return KernelCall(kernel, grid, {**tensors, **runtime, **loop_table, **compile_time}, _num_warps(rows))
+
+    def calls(self, q, k, v) -> list[KernelCall]:
+        """The three launches on zero outputs and zero backward inputs, not run: what the kernels
+        are compiled for (``tools/ascend_check.py`` lowers these)."""
+        spec = self.spec
+        q, k, v = (t.contiguous() for t in (q, k, v))
+        parts = self._partial_states(q.device)
+        do = q.new_zeros(spec.batch, spec.heads_q, spec.len_q, spec.head_dim_v)
+        lse, delta = (torch.zeros(do.shape[:3], dtype=self.state_dtype, device=q.device) for _ in range(2))
+        return [self.forward_call(q, k, v, parts),
+                self.dkdv_call(q, k, v, do, lse, delta, torch.zeros_like(k), torch.zeros_like(v)),
+                self.dq_call(q, k, v, do, lse, delta, torch.zeros_like(q))]
+
+    def _partial_states(self, device) -> SoftmaxState:
+        """One state per split, each merge's identity to start; the forward overwrites every real row."""
+        spec = self.spec
+        return empty_state((self.schedule.num_splits, spec.batch, spec.heads_q, spec.len_q), spec.head_dim_v,
+                           dtype=self.state_dtype, device=device)
+
     def forward(self, q, k, v):
-        spec, splits = self.spec, self.schedule.num_splits
-        # Each split starts as merge's identity; the kernel overwrites every real row.
-        parts = empty_state((splits, spec.batch, spec.heads_q, spec.len_q), spec.head_dim_v,
-                            dtype=self.state_dtype, device=q.device)
-        grid = (self.num_q_blocks, splits, spec.batch * spec.heads_q)
-        if _nonempty(grid):
-            _attn_fwd[grid](q, k, v, *parts, KV_SPLITS=self.kv_splits, batch=spec.batch, num_splits=splits,
-                            num_warps=_num_warps(self.schedule.block_m), **self.args)
-        return finalize(combine([SoftmaxState(*(t[s] for t in parts)) for s in range(splits)]))
+        parts = self._partial_states(q.device)
+        self.forward_call(q, k, v, parts).launch()
+        return finalize(combine([SoftmaxState(*(t[s] for t in parts)) for s in range(self.schedule.num_splits)]))
 
     def backward(self, q, k, v, do, lse, delta):
-        spec = self.spec
         dq, dk, dv = (torch.zeros_like(t) for t in (q, k, v))
-        grid = (self.num_kv_blocks, spec.batch * spec.heads_kv)
-        if _nonempty(grid):
-            _attn_bwd_dkdv[grid](q, k, v, do, lse, delta, dk, dv, Q_RANGES=self.q_ranges,
-                                 num_warps=_num_warps(self.schedule.block_n), **self.args)
-        grid = (self.num_q_blocks, spec.batch * spec.heads_q)
-        if _nonempty(grid):
-            _attn_bwd_dq[grid](q, k, v, do, lse, delta, dq, KV_RANGES=self.kv_ranges,
-                               num_warps=_num_warps(self.schedule.block_m), **self.args)
+        self.dkdv_call(q, k, v, do, lse, delta, dk, dv).launch()
+        self.dq_call(q, k, v, do, lse, delta, dq).launch()
         return dq, dk, dv
 
 
@@ -597,22 +742,16 @@ def _window_args(window, reach):
     return tuple(-1 if bound < 0 else min(bound, reach) for bound in window)
 
 
-def _flags_args(name, prefix, mask, device):
-    """A bool mask as the kernels take it: an int8 view (same strides) and its four strides."""
+def _flags_args(mask, device):
+    """A bool ``[B, H, Sq, Sk]`` mask as the kernels take it: an int8 view (same strides) and its strides."""
     if mask is None:
-        view, strides = torch.zeros(1, dtype=torch.int8, device=device), (0, 0, 0, 0)
-    else:
-        view, strides = mask.view(torch.int8), mask.stride()
-    return {name: view, **{f"{prefix}_s{axis}": stride for axis, stride in zip("bhij", strides)}}
+        return torch.zeros(1, dtype=torch.int8, device=device), 0, 0, 0, 0
+    return mask.view(torch.int8), *mask.stride()
 
 
 def _padded(dim):
     """Head dims travel padded to a power of two >= 16 (masked loads fill the padding with 0)."""
     return max(MIN_BLOCK, triton.next_power_of_2(dim))
-
-
-def _nonempty(grid):
-    return all(n > 0 for n in grid)
 
 
 class _FlashAttention(torch.autograd.Function):
@@ -625,7 +764,7 @@ class _FlashAttention(torch.autograd.Function):
             shape = (spec.batch, spec.heads_q, spec.len_q)
             return q.new_zeros(*shape, spec.head_dim_v), q.new_empty(shape, dtype=_state_dtype(q.dtype))
         q, k, v = (t.contiguous() for t in (q, k, v))
-        ctx.launch = _Launch(spec, schedule, q)
+        ctx.launch = Launch(spec, schedule, q)
         out, lse = ctx.launch.forward(q, k, v)
         out, lse = out.to(q.dtype), lse.squeeze(-1)
         ctx.save_for_backward(q, k, v, out, lse)

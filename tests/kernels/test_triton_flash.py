@@ -16,6 +16,7 @@ are 16/32 wide: many tiles, ragged edges everywhere.
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 
@@ -336,7 +337,14 @@ def test_non_contiguous_inputs():
 # The kernels are driven by the schedule
 # ----------------------------------------------------------------------------------------
 
+# The block-size and split-KV cases (tools/ascend_check.py lowers these too): make_inputs
+# overrides, then protocol kwargs; the causal block case needs block_m >= block_n.
 ACCEPTED_BLOCKS = (16, 32, 64, 128)
+BLOCK_SIZE_INPUTS = {"batch": 1, "len_q": 70, "len_k": 90}
+BLOCK_SIZE_CASES = ({"window": (20, 5), "kv_lens": [83]}, {"causal": "bottom_right"})
+SPLIT_KV_COUNTS = (3, 7)
+SPLIT_KV_INPUTS = {"len_q": 35, "len_k": 45}
+SPLIT_KV_CASE = {"causal": "bottom_right", "kv_lens": [45, 30]}
 
 
 @pytest.mark.parametrize("block_n", ACCEPTED_BLOCKS)
@@ -344,18 +352,19 @@ ACCEPTED_BLOCKS = (16, 32, 64, 128)
 def test_every_accepted_block_size_is_correct(block_m, block_n):
     """Powers of two >= 16; causal also needs block_m >= block_n. Small blocks meet FULL, PARTIAL
     and SKIP tiles; at 128 one ragged tile holds everything."""
-    inputs = make_inputs(30, batch=1, len_q=70, len_k=90)
+    inputs = make_inputs(30, **BLOCK_SIZE_INPUTS)
     schedule = TileSchedule(block_m, block_n)
-    assert_matches_oracle(inputs, schedule, window=(20, 5), kv_lens=[83])
+    windowed, causal = BLOCK_SIZE_CASES
+    assert_matches_oracle(inputs, schedule, **windowed)
     if block_m >= block_n:
-        assert_matches_oracle(inputs, schedule, causal="bottom_right")
+        assert_matches_oracle(inputs, schedule, **causal)
 
 
-@pytest.mark.parametrize("num_splits", [3, 7])
+@pytest.mark.parametrize("num_splits", SPLIT_KV_COUNTS)
 def test_split_kv_partials_merge_to_the_answer(num_splits):
     """7 splits of at most 3 visited key blocks: some splits are empty (merge's identity)."""
-    inputs = make_inputs(31, len_q=35, len_k=45)
-    assert_matches_oracle(inputs, TileSchedule(16, 16, num_splits), causal="bottom_right", kv_lens=[45, 30])
+    inputs = make_inputs(31, **SPLIT_KV_INPUTS)
+    assert_matches_oracle(inputs, TileSchedule(16, 16, num_splits), **SPLIT_KV_CASE)
 
 
 @pytest.mark.parametrize("block_m, block_n, causal, expected", [
@@ -444,6 +453,25 @@ def test_loop_bounds_come_from_the_schedule():
     assert max_error(inputs, SMALL) < 1e-12, "while the real schedule is right"
 
 
+def test_every_kernel_takes_the_launchers_groups_in_one_order():
+    """Each kernel's parameters are its tensors, the runtime groups, its loop table, the compile-time
+    groups, in the order the launcher builds them; it passes them by name, so a renamed, missing or
+    reordered parameter fails here rather than launching with swapped integers."""
+    q, k, v, _ = make_inputs(41)
+    runtime = [name for group in triton_flash.RUNTIME_GROUPS for name in group._fields]
+    compile_time = [name for group in triton_flash.COMPILE_TIME_GROUPS for name in group._fields]
+    calls = triton_flash.Launch(make_spec((q, k, v)), SMALL, q).calls(q, k, v)
+    assert [call.kernel for call in calls] == [triton_flash._attn_fwd, triton_flash._attn_bwd_dkdv,
+                                               triton_flash._attn_bwd_dq]
+    for call in calls:
+        params = list(inspect.signature(call.kernel.fn).parameters)
+        assert list(call.args) == params, call.kernel.fn.__name__
+        first = params.index(runtime[0])
+        assert all(name.isupper() for name in params[:first]), f"{params[:first]}: tensors come first"
+        assert params[first:first + len(runtime)] == runtime, call.kernel.fn.__name__
+        assert params[-len(compile_time):] == compile_time, call.kernel.fn.__name__
+
+
 def test_class_table_must_be_contiguous_along_queries():
     q, k, v, _ = make_inputs(35, len_q=48)
     with pytest.raises(ValueError, match="not contiguous"):
@@ -461,6 +489,15 @@ def test_unsupported_features_raise_not_implemented():
     big_q, big_k, big_v, _ = make_inputs(37, head_dim=300, len_q=2, len_k=2)
     with pytest.raises(NotImplementedError, match="argument 'q': head dim 300"):
         triton_flash.attention(big_q, big_k, big_v)
+
+
+def test_float64_is_refused_on_an_npu():
+    """Ascend has no float64 (docs/ascend.md); the interpreter and CUDA do, so only an NPU refuses it."""
+    spec = make_spec(make_inputs(42)[:3])
+    with pytest.raises(NotImplementedError, match="argument 'q': Ascend NPUs have no float64"):
+        triton_flash.check_launchable(spec, SMALL, torch.float64, "npu")
+    triton_flash.check_launchable(spec, SMALL, torch.float32, "npu")
+    triton_flash.check_launchable(spec, SMALL, torch.float64, "cuda")
 
 
 def test_bad_input_is_named():

@@ -23,14 +23,26 @@ def load_impl(target: str):
         sys.path.insert(0, str(path.parent.resolve()))  # so the file can import its neighbours
         try:
             module_spec.loader.exec_module(module)
+        except Exception as err:  # a syntax error, a failed import inside the file, ...: one line, not a traceback
+            del sys.modules[module_spec.name]
+            raise ValueError(f"argument '--impl': {where} failed to import: {_one_line(err)}") from None
         finally:
             sys.path.remove(str(path.parent.resolve()))
     else:
         try:
             module = importlib.import_module(where)
-        except ImportError as err:
-            raise ValueError(f"argument '--impl': cannot import {where!r}: {err}") from None
+        except Exception as err:
+            raise ValueError(f"argument '--impl': cannot import {where!r}: {_one_line(err)}") from None
     try:
-        return getattr(module, name)
+        impl = getattr(module, name)
     except AttributeError:
         raise ValueError(f"argument '--impl': {where!r} has no attribute {name!r}") from None
+    if not callable(impl):
+        raise ValueError(f"argument '--impl': {where}:{name} is a {type(impl).__name__}, not a function")
+    return impl
+
+
+def _one_line(err: BaseException) -> str:
+    """``SyntaxError: invalid syntax (kernel.py, line 3)``: the exception's type and first line."""
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__

@@ -1,0 +1,62 @@
+"""Where a run's files go: one folder per implementation, results written as they complete.
+
+``verify-repro/<implementation>/`` (``--repro-dir`` chooses the parent) holds this run's
+reproducers ``<check>-<dtype>.pt`` and ``results.json``, rewritten after every check, so a
+Ctrl-C or a kill leaves everything finished so far. When a run starts, the files of the
+run before move to ``previous/`` (replacing what was there): an old reproducer is never
+mistaken for a new one, and nothing is deleted that the last run wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+RESULTS = "results.json"
+PREVIOUS = "previous"
+
+
+def start_folder(folder: Path) -> int:
+    """Move the previous run's files of ``folder`` into ``folder/previous``; return how many moved."""
+    folder.mkdir(parents=True, exist_ok=True)
+    old = [p for p in folder.iterdir() if p.is_file() and (p.suffix == ".pt" or p.name == RESULTS)]
+    if not old:
+        return 0
+    previous = folder / PREVIOUS
+    if previous.exists():
+        shutil.rmtree(previous)
+    previous.mkdir()
+    for path in old:
+        path.rename(previous / path.name)
+    return len(old)
+
+
+def write_atomic(path: Path, text: str):
+    """Write ``text`` to a temporary file beside ``path``, then rename it: readers never see half a file."""
+    handle, temporary = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.")
+    try:
+        with os.fdopen(handle, "w") as f:
+            f.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, data: dict):
+    write_atomic(path, json.dumps(data, indent=1, default=_plain))
+
+
+def _plain(x):
+    """JSON for what ``json`` does not know: numbers from torch/numpy, dataclasses, paths."""
+    if hasattr(x, "__dataclass_fields__"):
+        return {k: getattr(x, k) for k in x.__dataclass_fields__}
+    if isinstance(x, (set, frozenset, tuple)):
+        return sorted(x) if isinstance(x, (set, frozenset)) else list(x)
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return str(x)

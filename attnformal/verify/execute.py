@@ -125,6 +125,7 @@ class Isolated:
             raise ValueError("argument '--isolate': a worker process cannot receive this implementation "
                              f"({type(err).__name__}: {err}); pass it as MODULE:FUNC, FILE.py:FUNC or an alias")
         self.process = self.conn = None
+        self.busy = False
 
     def map(self, tasks):
         for task in tasks:
@@ -134,7 +135,7 @@ class Isolated:
         if self.process is None:
             self._start()
         self.conn.send(task)
-        self.task_started = time.monotonic()
+        self.busy, self.task_started = True, time.monotonic()
         running: Call | None = None
         while True:
             timeout = None if running is None else running.started + self.settings.case_timeout - time.monotonic()
@@ -149,8 +150,10 @@ class Isolated:
                 elif kind == "called":
                     running = None
                 elif kind == "result":
+                    self.busy = False
                     return body[0]
                 else:  # "error": the task itself raised in the worker
+                    self.busy = False
                     return error_result(task, body[0])
             elif ready:
                 return self._lost(task, running, "crash")
@@ -186,13 +189,15 @@ class Isolated:
         self.conn.close()
 
     def close(self):
+        """Stop the worker: at once when a task was cut short (Ctrl-C), else once it has finished."""
         if self.process is None:
             return
-        try:
-            self.conn.send(None)
-            self.process.join(2)
-        except OSError:
-            pass
+        if not self.busy:
+            try:
+                self.conn.send(None)
+                self.process.join(5)
+            except OSError:
+                pass
         self._stop()
         self.process = None
 

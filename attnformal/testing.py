@@ -121,7 +121,11 @@ class Comparison:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in out.items()}
 
     def _times(self) -> str:
-        if self.worst_ratio < RATIO_SHOWN_UP_TO or not math.isfinite(self.worst_ratio):
+        if not math.isfinite(self.worst_actual):
+            return "NaN/Inf where a finite value is expected"
+        if not math.isfinite(self.worst_ratio):
+            return "no difference is allowed there"
+        if self.worst_ratio < RATIO_SHOWN_UP_TO:
             return f"{self.worst_ratio:.3g}x the tolerance"
         why = "the reference is exactly 0 there, so only rounding noise is allowed" if self.worst_expected == 0 \
             else "far outside it"

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import io
 import multiprocessing
+import os
 import pickle
 import signal
 import sys
@@ -163,7 +164,8 @@ class Isolated:
     def _start(self):
         context = _context()
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=_worker, args=(child, list(sys.path), self.blob), daemon=True,
+        where = (list(sys.path), os.getcwd(), dict(os.environ))  # a forked server's may be older than ours
+        self.process = context.Process(target=_worker, args=(child, where, self.blob), daemon=True,
                                        name="attnformal-verify-worker")
         self.process.start()
         child.close()
@@ -274,9 +276,12 @@ def _on_cpu(data):
     return data
 
 
-def _worker(conn, sys_path, blob):
+def _worker(conn, where, blob):
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops this worker
-    sys.path[:] = sys_path
+    sys.path[:], cwd, environ = where
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(environ)
     settings = pickle.loads(blob)
     if settings.threads:
         torch.set_num_threads(settings.threads)

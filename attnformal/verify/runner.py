@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from attnformal.testing import Comparison
+from attnformal.testing import Comparison, format_ratio
 from attnformal.verify import diagnosis
 from attnformal.verify.calls import FIELDS, ContractError, Observed, Unsupported, call, case_features
 from attnformal.verify.cases import Case, Shape, derive_seed, random_case, shape
@@ -326,7 +326,8 @@ def _summary(result: CheckResult, failed, records) -> str:
     worst = max(failed, key=lambda r: r.worst_ratio)
     bad = [c for c in worst.comparisons if not c.passed]
     what = worst.problems[0] if worst.problems else ", ".join(
-        f"{c.name} {c.worst_ratio:.3g}x tolerance ({c.mismatched}/{c.numel})" for c in bad)
+        f"{c.name} {'NaN/Inf' if c.nonfinite else format_ratio(c.worst_ratio) + 'x tolerance'} "
+        f"({c.mismatched}/{c.numel})" for c in bad)
     return f"{len(failed)}/{len(records)} cases fail; worst: {what}"
 
 

@@ -179,3 +179,37 @@ def test_usage_errors_for_the_machine_and_the_files(capsys, tmp_path):
 def test_list_names_every_check_and_feature(capsys):
     code, out = run(capsys, "--list")
     assert code == 0 and "softmax.probabilities" in out and "dropout_replay" in out
+
+
+def test_report_lines_say_what_they_mean():
+    """'unsupported:' names the dtypes of a check that ran in another; a finding without a bug class has no
+    '[None]' label; a float64 column says why it is there."""
+    from attnformal.verify.battery import BatteryReport
+    from attnformal.verify.diagnosis import HINT, finding
+    from attnformal.verify.report import render
+    from attnformal.verify.runner import CheckResult, Settings
+
+    results = [CheckResult("lse.values", "float32", "FAIL", findings=[finding(None, HINT, "an observation")]),
+               CheckResult("lse.values", "bfloat16", "unsupported"),
+               CheckResult("fwd.softcap", "float32", "unsupported"), CheckResult("fwd.softcap", "bfloat16", "unsupported"),
+               CheckResult("bwd.finite_difference", "float64", "pass")]
+    text = render(BatteryReport(Settings(impl=None, impl_name="x"), results, state="complete",
+                                dtypes=("float32", "bfloat16")))
+    assert "unsupported: lse.values [bfloat16], fwd.softcap\n" in text
+    assert "    -> an observation" in text and "[None]" not in text
+    assert "float64 column: bwd.finite_difference runs in float64 whatever --dtypes" in text
+
+
+def test_replay_labels_findings_without_a_bug_class_plainly(tmp_path):
+    from attnformal.verify.cases import random_case, shape
+    from attnformal.verify.diagnosis import HINT, finding
+    from attnformal.verify.replay import describe_replay
+    from attnformal.verify.runner import CheckResult, Settings, reproducer_data
+
+    case = random_case("c", shape(1, 1, 1, 4, 4, 8), torch.float32, "cpu", 1)
+    path = tmp_path / "r.pt"
+    torch.save(reproducer_data(Settings(impl=None, impl_name="x"), case, lse=False, backward=False, check="fwd.random",
+                               dtype="float32"), path)
+    result = CheckResult("replay:fwd.random", "float32", "FAIL", findings=[finding(None, HINT, "an observation")])
+    text = describe_replay(path, result)
+    assert "    -> an observation" in text and "[None]" not in text

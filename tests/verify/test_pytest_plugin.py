@@ -19,9 +19,9 @@ def load_plugin() -> list[str]:
 
 @pytest.fixture
 def battery(pytester):
-    def run(*args, dtypes="float32"):
+    def run(*args, dtypes="float32", isolate=False):
         return pytester.runpytest_inprocess(*load_plugin(), "-p", "no:cacheprovider", "--attn-dtypes", dtypes,
-                                            "--attn-no-isolate", *args)
+                                            *([] if isolate else ["--attn-no-isolate"]), *args)
     return run
 
 
@@ -34,7 +34,7 @@ def test_each_check_is_a_test_that_passes_for_a_correct_kernel(battery):
 def test_a_failing_check_shows_the_diagnosis_and_the_reproducer(battery, pytester):
     pytester.makepyfile(buggy=f"import functools, sys\nsys.path.insert(0, {str(Path(ZOO).parent)!r})\n"
                               "import zoo\nattention = functools.partial(zoo.attention, bug='lse_base2')\n")
-    result = battery("--attn-impl", "buggy.py:attention", "--attn-only", "lse.values")
+    result = battery("--attn-impl", "buggy.py:attention", "--attn-only", "lse.values", isolate=True)  # its default
     result.assert_outcomes(failed=2)  # the check, and the verdict
     text = result.stdout.str()
     for expected in ("lse.values[float32]: FAIL", "-> [lse_base2] lse = 1.443 x the reference (= 1/ln 2)",

@@ -196,12 +196,12 @@ def _explain_first_blocks(run, record):
         return
     allowed = record.case.spec.allowed().cpu()
     has_keys = allowed.any(-1)
-    for block in COMMON_BLOCKS:
-        prefix_empty = has_keys & ~allowed[..., :block].any(-1)
-        if prefix_empty.any() and torch.equal(bad, prefix_empty):
-            run.find("nan_first_block", STRONG, f"{record.case.name}: exactly the rows whose first {block} keys are "
-                                                f"all masked ({int(bad.sum())} rows, each with later keys) are NaN/Inf")
-            return
+    fits = [block for block in COMMON_BLOCKS
+            if torch.equal(bad, has_keys & ~allowed[..., :block].any(-1))]  # the rows that block size would break
+    if fits:
+        blocks = f"{fits[0]}" if len(fits) == 1 else f"{fits[0]} (or up to {fits[-1]})"
+        run.find("nan_first_block", STRONG, f"{record.case.name}: exactly the rows whose first {blocks} keys are all "
+                                            f"masked ({int(bad.sum())} rows, each with later keys) are NaN/Inf")
 
 
 @check("mask.combined")

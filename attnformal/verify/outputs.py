@@ -47,16 +47,4 @@ def write_atomic(path: Path, text: str):
 
 
 def write_json(path: Path, data: dict):
-    write_atomic(path, json.dumps(data, indent=1, default=_plain))
-
-
-def _plain(x):
-    """JSON for what ``json`` does not know: numbers from torch/numpy, dataclasses, paths."""
-    if hasattr(x, "__dataclass_fields__"):
-        return {k: getattr(x, k) for k in x.__dataclass_fields__}
-    if isinstance(x, (set, frozenset, tuple)):
-        return sorted(x) if isinstance(x, (set, frozenset)) else list(x)
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        return str(x)
+    write_atomic(path, json.dumps(data, indent=1, default=str))

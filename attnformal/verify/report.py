@@ -7,11 +7,9 @@ import xml.etree.ElementTree as ET
 
 from attnformal.testing import format_ratio
 from attnformal.verify.battery import BatteryReport, judge
-from attnformal.verify.checks import CHECKS
 
 BAR_WIDTH = 30
 CELL = 18
-FIXED_DTYPES = {c.name: c.fixed_dtype for c in CHECKS if c.fixed_dtype is not None}
 
 
 class ProgressBar:

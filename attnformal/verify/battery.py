@@ -48,7 +48,7 @@ class BatteryReport:
     stopped_early: bool = False
     state: str = "running"  # "running" | "complete" | "interrupted"
     dtypes: tuple[str, ...] = ()  # the dtypes the checks ran in (after substitution)
-    substituted: dict[str, str] = field(default_factory=dict)  # refused default dtype -> the one used instead
+    replaced: tuple[str, ...] = ()  # default dtypes the implementation refuses (others run in their place)
     capabilities: dict = field(default_factory=dict)  # dtype name -> Capabilities (None: probing crashed)
     notes: list[str] = field(default_factory=list)
     coverage: dict = field(default_factory=dict)
@@ -155,8 +155,8 @@ def _probe(settings: Settings, executor, report: BatteryReport, progress):
     if settings.explicit_dtypes:
         return  # the verdict names the dtypes it accepts
     substitutes = [d for d in SUBSTITUTES if d not in wanted and _accepted(report, d)]
-    report.substituted = dict(zip(refused, substitutes))
-    report.dtypes = tuple(d for d in wanted if d not in refused) + tuple(report.substituted.values())
+    report.replaced = tuple(refused)
+    report.dtypes = tuple(d for d in wanted if d not in refused) + tuple(substitutes[:len(refused)])
 
 
 def _accepted(report, dtype) -> bool:

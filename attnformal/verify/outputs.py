@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 RESULTS = "results.json"
@@ -36,13 +35,12 @@ def start_folder(folder: Path) -> int:
 
 def write_atomic(path: Path, text: str):
     """Write ``text`` to a temporary file beside ``path``, then rename it: readers never see half a file."""
-    handle, temporary = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.")
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with os.fdopen(handle, "w") as f:
-            f.write(text)
+        temporary.write_text(text)
         os.replace(temporary, path)
     except BaseException:
-        Path(temporary).unlink(missing_ok=True)
+        temporary.unlink(missing_ok=True)
         raise
 
 

@@ -67,8 +67,8 @@ def _header(report: BatteryReport) -> str:
     s = report.settings
     sources = sorted({r.reference for r in report.results if r.reference})
     dtypes = ", ".join(report.dtypes)
-    if report.substituted:
-        dtypes += " (" + ", ".join(f"{d} for {old}, which it refuses" for old, d in report.substituted.items()) + ")"
+    if report.replaced:
+        dtypes = (dtypes or "none") + f" (the implementation refuses {', '.join(report.replaced)} of the default dtypes)"
     lines = [
         f"attnformal.verify -- impl {s.impl_name}",
         f"dtypes {dtypes} | device {s.device} | profile {s.profile} | tolerance {s.tolerance} | seed {s.seed}",
@@ -181,7 +181,7 @@ def to_json(report: BatteryReport) -> dict:
     s = report.settings
     verdict, reasons = judge(report)
     return {
-        "impl": s.impl_name, "dtypes": list(report.dtypes), "substituted": report.substituted, "device": s.device,
+        "impl": s.impl_name, "dtypes": list(report.dtypes), "replaced_dtypes": list(report.replaced), "device": s.device,
         "profile": s.profile, "tolerance": s.tolerance, "seed": s.seed, "isolated": s.isolate,
         "machine": report.machine, "state": report.state, "seconds": report.seconds,
         "cpu_seconds": report.cpu_seconds, "verdict": verdict, "reasons": reasons, "passed": verdict == "PASS",

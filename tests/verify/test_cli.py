@@ -118,7 +118,7 @@ def test_default_dtypes_the_kernel_refuses_are_replaced_and_explicit_ones_are_no
     impl = kernel_file(tmp_path, FP16_ONLY)
     argv = ("--impl", impl, "--only", "hand.uniform_logits", "--repro-dir", tmp_path, "--no-isolate")
     code, out = run(capsys, *argv)
-    assert code == 0 and "dtypes float16 (float16 for float32, which it refuses)" in out
+    assert code == 0 and "dtypes float16 (the implementation refuses float32, bfloat16 of the default dtypes)" in out
     code, out = run(capsys, *argv, "--dtypes", "float32 bfloat16")  # one argument, space-separated, as in the plugin
     assert code == 3 and "verdict: NOTHING VERIFIED" in out and "use --dtypes float16" in out
     code, out = run(capsys, *argv, "--dtypes", "float16,float32")

@@ -23,7 +23,7 @@ from attnformal.verify.checks import CHECKS
 from attnformal.verify.execute import Task
 from attnformal.verify.options import check_device, check_output_dir, check_output_file, impl_slug, parse_dtypes, \
     parse_features, parse_patterns, parse_seconds, parse_threads
-from attnformal.verify.outputs import PREVIOUS, RESULTS, start_folder, write_atomic, write_json
+from attnformal.verify.outputs import PREVIOUS, RESULTS, ResultsStream, start_folder, write_atomic
 from attnformal.verify.replay import describe_replay, load_reproducer
 from attnformal.verify.runner import Settings
 from attnformal.verify.tolerances import PROFILES
@@ -148,12 +148,8 @@ def _replay(settings: Settings, executor, path: Path) -> int:
 
 def _run(args, settings: Settings, executor, baseline) -> int:
     moved = start_folder(settings.repro_dir)
-    stream = [path for path in (args.json, settings.repro_dir / RESULTS) if path is not None]
-
-    def write(report):
-        for path in stream:
-            write_json(path, reporting.to_json(report))
-
+    write = ResultsStream([path for path in (args.json, settings.repro_dir / RESULTS) if path is not None],
+                          reporting.to_json)
     report = run_battery(settings, progress=reporting.ProgressBar(), on_result=write, executor=executor)
     plural = "s" if moved > 1 else ""
     previous = f"the previous run's {moved} file{plural} moved to {settings.repro_dir / PREVIOUS}/" if moved else None

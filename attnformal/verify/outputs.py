@@ -44,5 +44,17 @@ def write_atomic(path: Path, text: str):
         raise
 
 
-def write_json(path: Path, data: dict):
-    write_atomic(path, json.dumps(data, indent=1, default=str))
+class ResultsStream:
+    """A run's JSON in ``paths``, rewritten after every check; each result is encoded once, so a run of n
+    checks costs n small encodings, not n encodings of everything so far."""
+
+    def __init__(self, paths, to_json):
+        self.paths, self.to_json, self.encoded = list(paths), to_json, []
+
+    def __call__(self, report):
+        for result in report.results[len(self.encoded):]:
+            self.encoded.append(json.dumps(result.to_json(), default=str))
+        head = json.dumps(self.to_json(report, results=False), indent=1, default=str)  # ends with "\n}"
+        text = head[:-2] + ',\n "results": [\n' + ",\n".join(self.encoded) + "\n]\n}\n"
+        for path in self.paths:
+            write_atomic(path, text)

@@ -93,7 +93,6 @@ class Battery(pytest.Collector):
         self.executor = None
         self.capabilities: dict = {}
         self.results: list = []
-        self.moved = start_folder(settings.repro_dir)
 
     def collect(self):
         items = [CheckItem.from_parent(self, name=f"{chk.name}[{dtype_name(dtype)}]", check=chk, dtype=dtype)
@@ -103,7 +102,8 @@ class Battery(pytest.Collector):
     def run(self, check, dtype):
         import torch
 
-        if self.executor is None:
+        if self.executor is None:  # the first test that runs: an earlier run's files move aside now, not at collection
+            start_folder(self.settings.repro_dir)
             self.executor = make_executor(self.settings)
         for name in {dtype_name(dtype)} - set(self.capabilities):
             _, caps = next(self.executor.map([Task("probe", dtype=name)]))

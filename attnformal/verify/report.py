@@ -177,7 +177,8 @@ def _diagnosis(report: BatteryReport) -> str:
     return "\n".join(out)
 
 
-def to_json(report: BatteryReport) -> dict:
+def to_json(report: BatteryReport, *, results: bool = True) -> dict:
+    """The run as JSON-able data (without the results with ``results=False``)."""
     s = report.settings
     verdict, reasons = judge(report)
     return {
@@ -185,12 +186,12 @@ def to_json(report: BatteryReport) -> dict:
         "profile": s.profile, "tolerance": s.tolerance, "seed": s.seed, "isolated": s.isolate,
         "machine": report.machine, "state": report.state, "seconds": report.seconds,
         "cpu_seconds": report.cpu_seconds, "verdict": verdict, "reasons": reasons, "passed": verdict == "PASS",
-        "checks_planned": report.planned, "results": [r.to_json() for r in report.results],
+        "checks_planned": report.planned,
         "diagnosis": [{"bug": d.bug, "title": d.title, "score": d.score, "evidence": d.evidence}
                       for d in report.diagnosis],
         "capabilities": {d: (None if c is None else c.__dict__) for d, c in report.capabilities.items()},
         "coverage": report.coverage, "notes": report.notes,
-    }
+    } | ({"results": [r.to_json() for r in report.results]} if results else {})
 
 
 def to_junit(report: BatteryReport) -> str:

@@ -51,6 +51,15 @@ class Capabilities:
     def refuses(self, feature: str) -> bool:
         return not self.accepted or feature in self.refused
 
+    def head_dim_ok(self, d: int, impl, device, watch=None) -> bool:
+        """Whether the implementation accepts head dim ``d`` (probed once, at the lengths it accepted)."""
+        if d not in self.head_dims:
+            sq, sk = self.lengths
+            case = random_case("probe head dim", shape(1, 1, 1, sq, sk, d), getattr(torch, self.dtype), device,
+                               PROBE_SEED, grad=False)
+            self.head_dims[d] = refusal(impl, case, watch=watch) is None
+        return self.head_dims[d]
+
     def refused_among(self, features) -> set[str]:
         """The features of a refused case that the implementation refuses on their own (an empty set:
         only the combination is refused; a refused dtype is a refusal of fp64 or of no feature)."""
@@ -172,30 +181,36 @@ def _tile(mask: torch.Tensor, sq: int, sk: int) -> torch.Tensor:
 # ---------------------------------------------------------------- probing
 
 
+def refusal(impl, case, *, lse=False, backward=False, watch=None) -> str | None:
+    """The implementation's message if it refuses ``case``, else None (a broken contract is no refusal:
+    the checks report it)."""
+    try:
+        call(impl, case, lse=lse, backward=backward, watch=watch)
+    except Unsupported as err:
+        return str(err)
+    except Exception:
+        return None
+    return None
+
+
 def probe(impl, dtype: torch.dtype, device, *, watch=None) -> Capabilities:
     """Call ``impl`` on tiny cases in ``dtype`` and record what it refuses (module docstring)."""
     caps = Capabilities(str(dtype).removeprefix("torch."))
 
-    def refusal(case, *, lse=False, backward=False) -> str | None:
-        try:
-            call(impl, case, lse=lse, backward=backward, watch=watch)
-        except Unsupported as err:
-            return str(err)
-        except Exception:  # a broken contract is not a refusal: the checks will report it
-            return None
-        return None
+    def refused(case, **flags) -> str | None:
+        return refusal(impl, case, watch=watch, **flags)
 
     def make(name, sh, *, grad=False, **kw):
         return random_case(f"probe {name}", sh, dtype, device, PROBE_SEED, grad=grad, **kw)
 
-    base = _find_base(caps, make, refusal)
+    base = _find_base(caps, make, refused)
     if base is None:
         return caps
     caps.square, caps.multiple_q, caps.multiple_k, caps.head_dim = base
     sq, sk = caps.lengths
     caps.head_dims[caps.head_dim] = True
     for feature, case, flags in _feature_probes(make, sq, sk, caps.head_dim):
-        why = refusal(case, **flags)
+        why = refused(case, **flags)
         if why is not None:
             caps.refused[feature] = why
     return caps

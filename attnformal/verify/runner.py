@@ -22,7 +22,7 @@ import torch
 from attnformal.testing import Comparison, format_ratio
 from attnformal.verify import diagnosis
 from attnformal.verify.calls import FIELDS, ContractError, Observed, Unsupported, call, case_features
-from attnformal.verify.cases import Case, Shape, derive_seed, random_case, shape
+from attnformal.verify.cases import Case, Shape, derive_seed, random_case
 from attnformal.verify.coverage import case_coverage, check_coverage
 from attnformal.verify.diagnosis import Finding, finding
 from attnformal.verify.reference import Expected, expected_for, naive_for
@@ -161,7 +161,7 @@ class CheckRun:
         if caps is None:
             return sh, kwargs, ()
         return caps.adapt(sh, kwargs, keep=keep, incidental=incidental, identity_values=identity_values,
-                          head_dim_ok=lambda d: self._head_dim_ok(caps, d, dtype or self.dtype))
+                          head_dim_ok=lambda d: caps.head_dim_ok(d, self.impl, self.device, self.watch))
 
     def random_case(self, name, sh, *, grad=True, keep=(), incidental=(), identity_values=False, dtype=None,
                     **kwargs) -> Case:
@@ -176,19 +176,6 @@ class CheckRun:
             case = case.with_(adapted=notes, duplicate=plain and key in self._built)
             self._built.add(key)
         return case
-
-    def _head_dim_ok(self, caps, d: int, dtype) -> bool:
-        if d not in caps.head_dims:
-            sq, sk = caps.lengths
-            probe = random_case("probe head dim", shape(1, 1, 1, sq, sk, d), dtype, self.device, 0, grad=False)
-            try:
-                call(self.impl, probe, watch=self.watch)
-                caps.head_dims[d] = True
-            except Unsupported:
-                caps.head_dims[d] = False
-            except ContractError:
-                caps.head_dims[d] = True  # accepted, and broken: the case itself will say so
-        return caps.head_dims[d]
 
     # -- running the implementation
 

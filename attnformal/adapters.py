@@ -336,4 +336,7 @@ def resolve(target: str):
                          f"FILE.py:FUNC, got {target!r}")
     from attnformal.impl import load_impl
 
-    return load_impl(target)
+    impl = load_impl(target)
+    if not callable(impl):
+        raise ValueError(f"argument '--impl': {target} is a {type(impl).__name__}, not a function")
+    return impl

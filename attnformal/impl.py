@@ -8,15 +8,18 @@ import sys
 from pathlib import Path
 
 
-def load_impl(target: str):
-    """The callable named by ``target``: ``package.module:func`` or ``path/to/file.py:func``."""
+def load_impl(target: str, argument: str = "--impl"):
+    """The attribute named by ``target``: ``package.module:func`` or ``path/to/file.py:func``.
+
+    ``argument`` is the command-line option that errors name.
+    """
     where, sep, name = target.rpartition(":")
     if not sep or not where or not name:
-        raise ValueError(f"argument '--impl': expected MODULE:FUNC or FILE.py:FUNC, got {target!r}")
+        raise ValueError(f"argument '{argument}': expected MODULE:FUNC or FILE.py:FUNC, got {target!r}")
     if where.endswith(".py"):
         path = Path(where)
         if not path.is_file():
-            raise ValueError(f"argument '--impl': no such file {where!r}")
+            raise ValueError(f"argument '{argument}': no such file {where!r}")
         module_spec = importlib.util.spec_from_file_location(path.stem, path)
         module = importlib.util.module_from_spec(module_spec)
         sys.modules[module_spec.name] = module  # dataclasses and pickling look the module up by name
@@ -25,21 +28,18 @@ def load_impl(target: str):
             module_spec.loader.exec_module(module)
         except Exception as err:  # a syntax error, a failed import inside the file, ...: one line, not a traceback
             del sys.modules[module_spec.name]
-            raise ValueError(f"argument '--impl': {where} failed to import: {_one_line(err)}") from None
+            raise ValueError(f"argument '{argument}': {where} failed to import: {_one_line(err)}") from None
         finally:
             sys.path.remove(str(path.parent.resolve()))
     else:
         try:
             module = importlib.import_module(where)
         except Exception as err:
-            raise ValueError(f"argument '--impl': cannot import {where!r}: {_one_line(err)}") from None
+            raise ValueError(f"argument '{argument}': cannot import {where!r}: {_one_line(err)}") from None
     try:
-        impl = getattr(module, name)
+        return getattr(module, name)
     except AttributeError:
-        raise ValueError(f"argument '--impl': {where!r} has no attribute {name!r}") from None
-    if not callable(impl):
-        raise ValueError(f"argument '--impl': {where}:{name} is a {type(impl).__name__}, not a function")
-    return impl
+        raise ValueError(f"argument '{argument}': {where!r} has no attribute {name!r}") from None
 
 
 def _one_line(err: BaseException) -> str:

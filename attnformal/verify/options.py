@@ -112,15 +112,16 @@ def check_output_file(path: Path | None, option: str):
 
 
 def check_output_dir(path: Path | None, option: str):
-    """``path`` is (or can be made) a writable folder."""
+    """``path`` is a writable folder, or one that can be created (nothing is created here)."""
     if path is None:
         return
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise UsageError(option, f"cannot create the folder {path}: {err.strerror or err}") from None
-    if not os.access(path, os.W_OK):
-        raise UsageError(option, f"the folder {path} is not writable")
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(option, f"cannot create the folder {path}: {existing} is not a folder")
+    if not os.access(existing, os.W_OK):
+        raise UsageError(option, f"cannot create the folder {path}: {existing} is not writable")
 
 
 def impl_slug(target: str) -> str:

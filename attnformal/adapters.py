@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import importlib.util
 import math
 import os
 import sys
@@ -318,13 +319,24 @@ ALIASES = {
 }
 
 
+# The optional package each adapter needs: without it the alias is a usage error, not a run
+# in which every check is unsupported.
+REQUIRES = {"triton-flash": "triton", "flash-attn": "flash_attn", "xformers": "xformers", "npu": "torch_npu"}
+
+
 def resolve(target: str):
     """An alias of :data:`ALIASES`, or ``MODULE:FUNC`` / ``FILE.py:FUNC``."""
     if target in ALIASES:
+        package = REQUIRES.get(target)
+        if package is not None and package not in sys.modules and importlib.util.find_spec(package) is None:
+            raise ValueError(f"argument '--impl': {target} needs the package {package}, which is not installed here")
         return ALIASES[target]
     if ":" not in target:
         raise ValueError(f"argument '--impl': expected one of {', '.join(ALIASES)} or MODULE:FUNC or "
                          f"FILE.py:FUNC, got {target!r}")
     from attnformal.impl import load_impl
 
-    return load_impl(target)
+    impl = load_impl(target)
+    if not callable(impl):
+        raise ValueError(f"argument '--impl': {target} is a {type(impl).__name__}, not a function")
+    return impl

@@ -26,14 +26,23 @@ def load_impl(target: str, argument: str = "--impl"):
         sys.path.insert(0, str(path.parent.resolve()))  # so the file can import its neighbours
         try:
             module_spec.loader.exec_module(module)
+        except Exception as err:  # a syntax error, a failed import inside the file, ...: one line, not a traceback
+            del sys.modules[module_spec.name]
+            raise ValueError(f"argument '{argument}': {where} failed to import: {_one_line(err)}") from None
         finally:
             sys.path.remove(str(path.parent.resolve()))
     else:
         try:
             module = importlib.import_module(where)
-        except ImportError as err:
-            raise ValueError(f"argument '{argument}': cannot import {where!r}: {err}") from None
+        except Exception as err:
+            raise ValueError(f"argument '{argument}': cannot import {where!r}: {_one_line(err)}") from None
     try:
         return getattr(module, name)
     except AttributeError:
         raise ValueError(f"argument '{argument}': {where!r} has no attribute {name!r}") from None
+
+
+def _one_line(err: BaseException) -> str:
+    """``SyntaxError: invalid syntax (kernel.py, line 3)``: the exception's type and first line."""
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__

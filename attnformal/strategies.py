@@ -2,11 +2,12 @@
 
     from hypothesis import given, strategies as st
     from attnformal import strategies as attn
+    from attnformal.testing import assert_attention_close
 
     @given(attn.problems(dtype=torch.bfloat16, causal=st.sampled_from([None, "bottom_right"])))
     def test_my_kernel(problem):
-        out = problem.call(my_kernel)
-        ...
+        ref = problem.reference()  # float64 values and the battery's error model
+        assert_attention_close(problem.call(my_kernel), ref.values["out"], **ref.tolerance("out"))
 
 :func:`shapes` draws a :class:`~attnformal.verify.cases.Shape`, :func:`windows` a window,
 :func:`masks` the mask arguments for a shape, :func:`problems` a whole
@@ -50,6 +51,14 @@ class AttentionProblem:
     def call(self, impl, **extra):
         """``impl(q, k, v, **kwargs, **extra)``."""
         return impl(self.q, self.k, self.v, **self.kwargs, **extra)
+
+    def reference(self, *, backward: bool = False, certified: bool = False):
+        """The float64 reference with the battery's error model (:func:`attnformal.testing.reference_attention`);
+        with ``backward``, gradients for ``grad_out`` too."""
+        from attnformal.testing import reference_attention
+
+        return reference_attention(self.q, self.k, self.v, self.grad_out if backward else None, certified=certified,
+                                   **self.kwargs)
 
 
 def _as_strategy(fn: str, name: str, value, valid, expected: str, example: str) -> SearchStrategy:

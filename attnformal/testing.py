@@ -13,10 +13,19 @@ attention needs. An element passes when::
 * ``reference_error`` is the reference's own accuracy (a certified radius, or 0).
 
 ``rtol`` and ``atol`` come from one per-dtype table (:data:`TOLERANCES`) and are always
-given together. :func:`compare_attention` returns a structured :class:`Comparison`; only
-:func:`assert_attention_close` turns it into an exception. NaN or Inf in ``actual`` where
-the reference is finite always fails; infinities equal to the reference's (``lse = -inf``
-on an empty row) pass.
+given together; every tolerance term must be finite and >= 0 (a NaN or negative one would
+pass anything, so it is an error). :func:`compare_attention` returns a structured
+:class:`Comparison`; only :func:`assert_attention_close` turns it into an exception. NaN or
+Inf in ``actual`` where the reference is finite always fails; infinities equal to the
+reference's (``lse = -inf`` on an empty row) pass.
+
+What to compare against, and with which ``magnitude``: :func:`reference_attention` returns
+the float64 reference of a protocol call together with the battery's error model, so that
+
+    ref = reference_attention(q, k, v, **kwargs)
+    assert_attention_close(my_kernel(q, k, v, **kwargs), ref.values["out"], **ref.tolerance("out"))
+
+judges a kernel exactly as ``python -m attnformal.verify`` does.
 """
 
 from __future__ import annotations
@@ -52,6 +61,19 @@ def tolerance_for(dtype: torch.dtype) -> Tolerance:
     except KeyError:
         known = ", ".join(str(d).removeprefix("torch.") for d in TOLERANCES)
         raise ValueError(f"argument 'dtype': expected one of {known}, got {dtype}") from None
+
+
+# A worst error above this multiple of the tolerance is shown as "over 10^4 x": past it the
+# number says how small the allowed difference was (often a reference that is exactly 0),
+# not how wrong the result is.
+RATIO_SHOWN_UP_TO = 1e4
+
+
+def format_ratio(ratio: float) -> str:
+    """A worst-error ratio a person can read: ``0.25``, ``37``, ``>1e4`` (or ``inf`` for NaN/Inf)."""
+    if not math.isfinite(ratio):
+        return "inf"
+    return f"{ratio:.2g}" if ratio < RATIO_SHOWN_UP_TO else ">1e4"
 
 
 def accumulation_growth(n: int | None) -> float:
@@ -98,6 +120,17 @@ class Comparison:
         out["passed"], out["fraction"] = self.passed, self.fraction
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in out.items()}
 
+    def _times(self) -> str:
+        if not math.isfinite(self.worst_actual):
+            return "NaN/Inf where a finite value is expected"
+        if not math.isfinite(self.worst_ratio):
+            return "no difference is allowed there"
+        if self.worst_ratio < RATIO_SHOWN_UP_TO:
+            return f"{self.worst_ratio:.3g}x the tolerance"
+        why = "the reference is exactly 0 there, so only rounding noise is allowed" if self.worst_expected == 0 \
+            else "far outside it"
+        return f"over 10^4 x the tolerance: {why}"
+
     def message(self) -> str:
         """What differs, how much, where, and what was allowed."""
         if self.problem is not None and not self.numel:
@@ -108,8 +141,7 @@ class Comparison:
             f"  greatest relative difference: {self.max_rel:.4g} at index {self.max_rel_index}",
             f"  mean absolute / relative difference: {self.mean_abs:.3g} / {self.mean_rel:.3g}",
             f"  worst element {self.worst_index}: got {self.worst_actual:.6g}, expected "
-            f"{self.worst_expected:.6g}, allowed difference {self.worst_allowed:.3g} "
-            f"({self.worst_ratio:.3g}x the tolerance)",
+            f"{self.worst_expected:.6g}, allowed difference {self.worst_allowed:.3g} ({self._times()})",
             f"  tolerance: |a - r| <= {self.rtol:.3g} * |r| + {self.atol:.3g} * magnitude (+ reference error)",
         ]
         if self.nonfinite:
@@ -123,7 +155,22 @@ def _resolve_tolerance(dtype, rtol, atol) -> Tolerance:
     if (rtol is None) != (atol is None):
         given, missing = ("rtol", "atol") if atol is None else ("atol", "rtol")
         raise ValueError(f"argument '{missing}': expected it together with '{given}' (both or neither)")
-    return tolerance_for(dtype) if rtol is None else Tolerance(float(rtol), float(atol))
+    if rtol is None:
+        return tolerance_for(dtype)
+    return Tolerance(_check_term("rtol", rtol), _check_term("atol", atol))
+
+
+def _check_term(name: str, value):
+    """A tolerance term: a finite number >= 0, or a tensor of them (NaN or -1 would pass anything)."""
+    if isinstance(value, torch.Tensor):
+        bad = ~torch.isfinite(value) | (value < 0) if value.is_floating_point() else value < 0
+        if bool(bad.any()):
+            raise ValueError(f"argument '{name}': expected finite values >= 0, got "
+                             f"{float(value[bad].flatten()[0])} at {int(bad.sum())} elements")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"argument '{name}': expected a finite number >= 0 (or a tensor of them), got {value!r}")
+    return float(value)
 
 
 def _index(flat: int, shape) -> tuple[int, ...]:
@@ -142,6 +189,10 @@ def compare_attention(actual, expected, *, dtype, rtol=None, atol=None, magnitud
     ``magnitude`` and ``reference_error`` are numbers or tensors broadcastable to the shape.
     """
     tol = _resolve_tolerance(dtype, rtol, atol)
+    magnitude, reference_error = _check_term("magnitude", magnitude), _check_term("reference_error", reference_error)
+    if accumulation is not None and (isinstance(accumulation, bool) or not isinstance(accumulation, int)
+                                     or accumulation < 0):
+        raise ValueError(f"argument 'accumulation': expected None or an int >= 0, got {accumulation!r}")
     result = Comparison(name=name, shape=tuple(expected.shape), rtol=tol.rtol, atol=tol.atol)
     if tuple(actual.shape) != tuple(expected.shape):
         result.problem = f"shape {list(actual.shape)} differs from the expected {list(expected.shape)}"
@@ -191,10 +242,30 @@ def assert_attention_close(actual, expected, *, dtype, reference_error=0.0, rtol
                            accumulation=None, name="output", msg=None):
     """Raise ``AssertionError`` with a full account unless ``actual`` is close to ``expected``.
 
-    Arguments as :func:`compare_attention`; ``msg`` is prepended to the account.
+    Arguments as :func:`compare_attention`; ``msg`` is prepended to the account. For the
+    battery's error model pass ``**reference_attention(q, k, v, **kwargs).tolerance(name)``.
     """
     comparison = compare_attention(actual, expected, dtype=dtype, rtol=rtol, atol=atol, magnitude=magnitude,
                                    accumulation=accumulation, reference_error=reference_error, name=name)
     if not comparison.passed:
         header = "Attention results are not close!"
         raise AssertionError("\n".join(filter(None, [msg, header, comparison.message()])))
+
+
+def reference_attention(q, k, v, grad_out=None, *, certified: bool = False, **protocol):
+    """The float64 reference of one protocol call, with the error model the battery judges by.
+
+    Returns an :class:`attnformal.verify.reference.Expected`: ``values`` (out, lse and, given
+    ``grad_out``, dq, dk, dv; float64 on the CPU), ``magnitude`` (per element: how large the
+    rounding errors of a correct kernel in ``q.dtype`` can be -- the root-sum-square of the
+    summed terms, widened by the float32 accumulation and the scores' own rounding),
+    ``radius`` (the reference's own error) and ``tolerance(name)``, the keyword arguments of
+    :func:`assert_attention_close` for that tensor. ``certified=True`` uses the certified
+    ball-arithmetic reference (rigorous radius; slower) for problems of up to 2^17 scores.
+    ``protocol`` is the implementation protocol's keyword arguments (``causal=``, ``kv_lens=``...).
+    """
+    from attnformal.verify.cases import Case
+    from attnformal.verify.reference import expected_for
+
+    case = Case("reference", q, k, v, dict(protocol), grad_out)
+    return expected_for(case, backward=grad_out is not None, use_certified=certified)

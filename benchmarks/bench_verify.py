@@ -1,11 +1,14 @@
 """Time the conformance battery per implementation and profile, and print the zoo's detection table.
 
-    python benchmarks/bench_verify.py [--profiles quick full] [--impls sdpa-math torch-tiled ...] [--zoo]
+    python benchmarks/bench_verify.py [--profiles quick full] [--impls sdpa-math torch-tiled ...] [--isolate] [--zoo]
 
 Each run is a fresh ``python -m attnformal.verify`` process (so torch.compile's in-process caches
-do not flatter later runs; its on-disk cache still can). Prints wall and process-CPU seconds
-(CPU time is the number to compare on a shared machine) and the pass / FAIL / unsupported counts. With --zoo, runs the quick battery on every specimen
-of tests/verify/zoo.py and prints which bug class the battery names first.
+do not flatter later runs; its on-disk cache still can). Prints the verdict, wall and CPU seconds
+(CPU time -- this process's, plus the worker's when isolated -- is the number to compare on a shared
+machine), the pass / FAIL / unsupported counts, the cases that ran and were refused, and the
+unsupported checks. ``--isolate`` runs the same implementations in a worker process, to measure what
+isolation costs. With --zoo, runs the quick battery on every specimen of tests/verify/zoo.py and
+prints which bug class the battery names first.
 """
 
 import argparse
@@ -22,20 +25,24 @@ from attnformal.verify import Settings, run_battery
 IMPLS = ["sdpa-math", "sdpa-flash", "torch-tiled", "torch-tiled-split", "torch-tiled-small", "flex", "flex-compiled"]
 
 
-def time_battery(profiles, impls):
+def time_battery(profiles, impls, isolate):
     """Each run in a fresh process: compile caches of an earlier run in the same process would flatter it."""
-    print("| implementation | profile | wall s | CPU s | pass | FAIL | unsupported |")
-    print("|---|---|---|---|---|---|---|")
+    print("| implementation | profile | verdict | wall s | CPU s | pass / FAIL / unsupported | cases ran / refused "
+          "| unsupported checks |")
+    print("|---|---|---|---|---|---|---|---|")
     for profile in profiles:
         for alias in impls:
             with tempfile.TemporaryDirectory() as tmp:
                 out = Path(tmp) / "run.json"
                 subprocess.run([sys.executable, "-m", "attnformal.verify", "--impl", alias, "--profile", profile,
-                                "--json", str(out), "--repro-dir", tmp], capture_output=True, check=False)
+                                "--json", str(out), "--repro-dir", tmp, "--isolate" if isolate else "--no-isolate"],
+                               capture_output=True, check=False)
                 r = json.loads(out.read_text())
             counts = {s: sum(x["status"] == s for x in r["results"]) for s in ("pass", "FAIL", "unsupported")}
-            print(f"| {alias} | {profile} | {r['seconds']:.1f} | {r['cpu_seconds']:.1f} | {counts['pass']} | "
-                  f"{counts['FAIL']} | {counts['unsupported']} |", flush=True)
+            unsupported = sorted({x["check"] for x in r["results"] if x["status"] == "unsupported"})
+            print(f"| {alias}{' (isolated)' if isolate else ''} | {profile} | {r['verdict']} | {r['seconds']:.1f} | "
+                  f"{r['cpu_seconds']:.1f} | {counts['pass']} / {counts['FAIL']} / {counts['unsupported']} | "
+                  f"{r['coverage']['run']} / {r['coverage']['refused']} | {', '.join(unsupported)} |", flush=True)
 
 
 def zoo_table():
@@ -55,9 +62,10 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--profiles", nargs="+", default=["quick", "full"])
     p.add_argument("--impls", nargs="+", default=IMPLS)
+    p.add_argument("--isolate", action="store_true", help="run each implementation in a worker process")
     p.add_argument("--zoo", action="store_true", help="also print the zoo's detection table")
     args = p.parse_args()
-    time_battery(args.profiles, args.impls)
+    time_battery(args.profiles, args.impls, args.isolate)
     if args.zoo:
         print()
         zoo_table()

@@ -2,16 +2,21 @@
 
 ``python -m attnformal.verify --impl MODULE:FUNC`` runs every check (:mod:`.checks`) on the
 implementation protocol, for each dtype, and prints a table of pass / FAIL / unsupported,
-the details of each failure (worst errors, where they sit, a reproducer) and the most
-likely bug class. The same battery runs as pytest tests (:mod:`.pytest_plugin`).
+what the cases covered, the details of each failure (worst errors, where they sit, a
+reproducer), the most likely bug class, and a verdict that is never a PASS for a run that
+verified nothing. The same battery runs as pytest tests (:mod:`.pytest_plugin`).
 
 Layout:
 
 * :mod:`.cases` -- seeded problems; :mod:`.calls` -- calling an implementation, contract checks;
+* :mod:`.capabilities` -- what the implementation accepts (probed), and cases adapted to it;
 * :mod:`.reference` -- expected values (certified or fp64 oracle), error magnitudes;
 * :mod:`.tolerances` -- the profiles that judge a result (default, naive, ascend);
-* :mod:`.checks` -- the battery; :mod:`.runner` -- running one check; :mod:`.battery` -- all;
-* :mod:`.diagnosis` -- localisation and bug classes; :mod:`.report`, :mod:`.baseline`, :mod:`.replay`.
+* :mod:`.checks` -- the battery; :mod:`.runner` -- running one check; :mod:`.battery` -- all, and the verdict;
+* :mod:`.execute` -- tasks, run in this process or isolated in a worker (crashes and hangs become FAILs);
+* :mod:`.coverage` -- what the cases exercised; :mod:`.diagnosis` -- localisation and bug classes;
+* :mod:`.options`, :mod:`.outputs` -- the option vocabulary, the output folders;
+* :mod:`.report`, :mod:`.baseline`, :mod:`.replay`.
 """
 
 from attnformal.verify.battery import BatteryReport, run_battery

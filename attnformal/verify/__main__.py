@@ -1,37 +1,42 @@
 """``python -m attnformal.verify --impl MODULE_OR_FILE.py:FUNC``: run the battery, print the verdict.
 
-Exit status: 0 when every supported check passes (and no regression against --baseline),
-1 otherwise, 2 for a usage error.
+Exit status: 0 PASS; 1 FAIL (a check failed, crashed or hung, a required feature is refused,
+or a regression against --baseline); 2 usage error; 3 NOTHING VERIFIED or INCOMPLETE (too
+little was verified to judge -- the verdict says what the implementation refused);
+130 interrupted (Ctrl-C or SIGTERM: the checks that finished are reported and kept).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
+import signal
 import sys
 from pathlib import Path
-
-import torch
 
 from attnformal.adapters import ALIASES, resolve
 from attnformal.verify import report as reporting
 from attnformal.verify.baseline import compare_baseline, load_baseline, save_baseline
-from attnformal.verify.battery import run_battery
+from attnformal.verify.battery import EXIT_CODES, make_executor, run_battery
 from attnformal.verify.calls import FEATURES
 from attnformal.verify.checks import CHECKS
-from attnformal.verify.replay import replay
-from attnformal.verify.runner import DTYPE_NAMES, Settings
+from attnformal.verify.execute import Task
+from attnformal.verify.options import check_device, check_output_dir, check_output_file, impl_slug, parse_dtypes, \
+    parse_features, parse_patterns, parse_seconds, parse_threads
+from attnformal.verify.outputs import PREVIOUS, RESULTS, ResultsStream, start_folder, write_atomic
+from attnformal.verify.replay import describe_replay, load_reproducer
+from attnformal.verify.runner import Settings
 from attnformal.verify.tolerances import PROFILES
 
-
-def _split(values) -> list[str]:
-    return [part for value in values or () for part in value.replace(",", " ").split()]
+DEFAULT_DTYPES = "float32 bfloat16"
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m attnformal.verify", description=__doc__.splitlines()[0])
     p.add_argument("--impl", help=f"MODULE:FUNC, FILE.py:FUNC or one of: {', '.join(ALIASES)}")
-    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], help="dtypes to test (default: %(default)s)")
+    p.add_argument("--dtypes", nargs="+", help=f"dtypes to test, separated by spaces or commas (default: "
+                                                f"{DEFAULT_DTYPES}; one the implementation refuses is replaced by "
+                                                "one it accepts)")
     p.add_argument("--device", default="cpu", help="torch device of the inputs (default: %(default)s)")
     p.add_argument("--profile", choices=("quick", "full"), default="quick",
                    help="quick: small cases (< 30 s on CPU); full: larger ones and >= 8k keys")
@@ -42,15 +47,22 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failing check")
     p.add_argument("--require", nargs="+", help=f"features that must be supported: {', '.join(FEATURES)}")
     p.add_argument("--only", nargs="+", help="run only checks matching these glob patterns (e.g. 'mask.*')")
-    p.add_argument("--json", type=Path, metavar="FILE", help="write the full results as JSON")
+    p.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
+                   help="run the checks in a worker process, so that a crash (segfault, abort, exit) or a hang "
+                        "fails its check and the run goes on (default: on for MODULE:FUNC and FILE.py:FUNC, "
+                        "off for the built-in adapters)")
+    p.add_argument("--case-timeout", type=parse_seconds, default=300.0, metavar="S",
+                   help="with --isolate: a call of the implementation running longer is a hang (default: %(default)s)")
+    p.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON (rewritten after each check)")
     p.add_argument("--junit", type=Path, metavar="FILE", help="write JUnit XML")
     p.add_argument("--save-baseline", type=Path, metavar="FILE", help="store this run as a baseline")
     p.add_argument("--baseline", type=Path, metavar="FILE", help="flag regressions against a stored baseline")
     p.add_argument("--repro-dir", type=Path, default=Path("verify-repro"),
-                   help="where reproducers of failures go (default: %(default)s)")
+                   help="parent of the implementation's output folder DIR/<impl>/: reproducers of failures and "
+                        "results.json; the previous run's files move to DIR/<impl>/previous/ (default: %(default)s)")
     p.add_argument("--reference", choices=("auto", "oracle"), default="auto",
                    help="auto: the certified reference when installed (small cases), else the fp64 oracle")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--threads", type=parse_threads, default=1,
                    help="torch CPU threads during the run (default: %(default)s; the cases are small, and idle "
                         "threads spinning on a shared machine cost more than they give); 0 leaves torch's setting")
     p.add_argument("--replay", type=Path, metavar="FILE", help="rerun one saved reproducer and explain it")
@@ -58,35 +70,46 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def settings_from(args, p) -> Settings:
-    if not args.impl:
-        p.error("argument --impl is required")
-    dtypes = []
-    for name in _split(args.dtypes):
-        if name not in DTYPE_NAMES:
-            p.error(f"argument --dtypes: expected names from {', '.join(DTYPE_NAMES)}, got {name!r}")
-        dtypes.append(DTYPE_NAMES[name])
-    require = _split(args.require)
-    unknown = [f for f in require if f not in FEATURES]
-    if unknown:
-        p.error(f"argument --require: unknown features {unknown}; known: {', '.join(FEATURES)}")
-    try:
-        torch.empty(0, device=args.device)
-    except (RuntimeError, ValueError) as err:
-        p.error(f"argument --device: {args.device!r} is not usable here: {err}")
-    try:
-        impl = resolve(args.impl)
-    except ValueError as err:
-        p.error(str(err))
-    return Settings(impl=impl, impl_name=args.impl, dtypes=tuple(dtypes), device=args.device, profile=args.profile,
-                    tolerance=args.tolerance, seed=args.seed, fail_fast=args.fail_fast, require=frozenset(require),
-                    repro_dir=args.repro_dir, use_certified=args.reference == "auto", only=tuple(_split(args.only)),
-                    threads=args.threads or None)
+def settings_from(args) -> Settings:
+    """Settings from parsed arguments; a ValueError names the option that is wrong."""
+    dtypes = parse_dtypes(args.dtypes or DEFAULT_DTYPES)
+    require = parse_features(args.require)
+    only = parse_patterns(args.only, args.profile)
+    check_device(args.device)
+    impl = resolve(args.impl)
+    folder = args.repro_dir / impl_slug(args.impl)
+    if not args.replay:
+        for option in ("json", "junit", "save_baseline"):
+            check_output_file(getattr(args, option), f"--{option.replace('_', '-')}")
+        check_output_dir(folder, "--repro-dir")
+    isolate = args.isolate if args.isolate is not None else args.impl not in ALIASES
+    return Settings(impl=impl, impl_name=args.impl, dtypes=dtypes, device=args.device, profile=args.profile,
+                    tolerance=args.tolerance, seed=args.seed, fail_fast=args.fail_fast, require=require,
+                    repro_dir=folder, use_certified=args.reference == "auto", only=only, threads=args.threads or None,
+                    target=args.impl, isolate=isolate, case_timeout=args.case_timeout,
+                    explicit_dtypes=bool(args.dtypes))
 
 
 def _list_checks() -> str:
     lines = [f"{c.name:32s} {c.doc}" + (" [full only]" if c.full_only else "") for c in CHECKS]
     return "\n".join(lines + ["", "features (for --require): " + ", ".join(FEATURES)])
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM stops the run like Ctrl-C: what finished is reported and kept."""
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        old = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def main(argv=None) -> int:
@@ -95,26 +118,55 @@ def main(argv=None) -> int:
     if args.list:
         print(_list_checks())
         return 0
-    settings = settings_from(args, p)
-    if args.replay:
-        result, text = replay(settings, args.replay)
-        print(text)
-        return 1 if result.failed else 0
-    baseline = load_baseline(args.baseline) if args.baseline else None
-    report = run_battery(settings, progress=reporting.ProgressBar())
-    print(reporting.render(report), end="")
-    failed = not report.passed
-    if baseline is not None:
+    if not args.impl:
+        p.error("argument --impl is required")
+    try:
+        settings = settings_from(args)
+        if args.replay:
+            load_reproducer(args.replay)
+        baseline = load_baseline(args.baseline) if args.baseline else None
+        executor = make_executor(settings)
+    except ValueError as err:
+        p.error(str(err))
+    with _sigterm_as_interrupt():
+        try:
+            if args.replay:
+                return _replay(settings, executor, args.replay)
+            return _run(args, settings, executor, baseline)
+        except KeyboardInterrupt:  # during a replay; a battery run reports what finished itself
+            print("interrupted", file=sys.stderr)
+            return EXIT_CODES["INTERRUPTED"]
+        finally:
+            executor.close()
+
+
+def _replay(settings: Settings, executor, path: Path) -> int:
+    _, result = next(executor.map([Task("replay", str(path))]))
+    print(describe_replay(path, result))
+    return 1 if result.failed else 0
+
+
+def _run(args, settings: Settings, executor, baseline) -> int:
+    moved = start_folder(settings.repro_dir)
+    write = ResultsStream([path for path in (args.json, settings.repro_dir / RESULTS) if path is not None],
+                          reporting.to_json)
+    report = run_battery(settings, progress=reporting.ProgressBar(), on_result=write, executor=executor)
+    plural = "s" if moved > 1 else ""
+    previous = f"the previous run's {moved} file{plural} moved to {settings.repro_dir / PREVIOUS}/" if moved else None
+    print(reporting.render(report, previous=previous), end="")
+    code = EXIT_CODES[report.verdict]
+    if baseline is not None and report.state == "complete":
         diff = compare_baseline(report, baseline)
         print(diff.render())
-        failed |= bool(diff.regressions)
-    if args.json:
-        args.json.write_text(json.dumps(reporting.to_json(report), indent=1, default=str))
+        if diff.regressions:
+            code = EXIT_CODES["FAIL"]
+    write(report)
     if args.junit:
-        args.junit.write_text(reporting.to_junit(report))
-    if args.save_baseline:
+        write_atomic(args.junit, reporting.to_junit(report))
+    if args.save_baseline and report.state == "complete":
         save_baseline(report, args.save_baseline)
-    return 1 if failed else 0
+    print(f"results: {settings.repro_dir / RESULTS}")
+    return code
 
 
 if __name__ == "__main__":

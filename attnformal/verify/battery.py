@@ -1,4 +1,21 @@
-"""Running the whole battery for one implementation: every selected check, for every dtype."""
+"""Running the whole battery for one implementation: probe it, run every selected check per dtype, judge.
+
+1. **Probe** (:mod:`.capabilities`): in each dtype, what the implementation accepts. With
+   the default dtypes, one it refuses altogether is replaced by one it accepts (float16,
+   bfloat16, float32); with ``--dtypes`` given, it stays and the verdict says so.
+2. **Run** every selected (check, dtype) as a task of an executor (:mod:`.execute`: in this
+   process, or isolated in a worker process), in order; each result is handed to
+   ``on_result`` as it completes (the CLI writes ``results.json`` then). Ctrl-C stops the
+   run and keeps what finished.
+3. **Judge** (:func:`judge`): the verdict of the run, never a PASS for a run that verified
+   nothing.
+
+Verdicts: ``PASS`` -- every check that ran passed, and enough ran: in every dtype at least
+one check passed, and a forward accuracy check (groups :data:`FORWARD_GROUPS`) when any was
+selected; ``FAIL`` -- a check failed (crash and hang included) or a required feature is
+refused; ``NOTHING VERIFIED`` -- no check passed; ``INCOMPLETE`` -- some passed, but not the
+minimum above; ``INTERRUPTED``.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +28,14 @@ from dataclasses import dataclass, field
 import torch
 
 from attnformal.verify.checks import CHECKS, Check
+from attnformal.verify.coverage import run_coverage
 from attnformal.verify.diagnosis import Ranked, summarise
-from attnformal.verify.runner import CheckResult, Settings, dtype_name, run_check
+from attnformal.verify.execute import InProcess, Isolated, Task
+from attnformal.verify.runner import DTYPE_NAMES, CheckResult, Settings, dtype_name
+
+FORWARD_GROUPS = ("hand", "fwd", "mask", "structured", "extreme")
+SUBSTITUTES = ("float16", "bfloat16", "float32")  # tried, in order, for default dtypes the implementation refuses
+EXIT_CODES = {"PASS": 0, "FAIL": 1, "NOTHING VERIFIED": 3, "INCOMPLETE": 3, "INTERRUPTED": 130}
 
 
 @dataclass
@@ -23,54 +46,201 @@ class BatteryReport:
     cpu_seconds: float = 0.0
     diagnosis: list[Ranked] = field(default_factory=list)
     stopped_early: bool = False
+    state: str = "running"  # "running" | "complete" | "interrupted"
+    dtypes: tuple[str, ...] = ()  # the dtypes the checks ran in (after substitution)
+    replaced: tuple[str, ...] = ()  # default dtypes the implementation refuses (others run in their place)
+    capabilities: dict = field(default_factory=dict)  # dtype name -> Capabilities (None: probing crashed)
+    notes: list[str] = field(default_factory=list)
+    coverage: dict = field(default_factory=dict)
+    planned: int = 0
     machine: str = field(default_factory=lambda: f"{platform.machine()}, {os.cpu_count()} CPUs, torch "
                                                   f"{torch.__version__}, {torch.get_num_threads()} torch threads")
 
     @property
+    def verdict(self) -> str:
+        return judge(self)[0]
+
+    @property
+    def reasons(self) -> list[str]:
+        return judge(self)[1]
+
+    @property
     def passed(self) -> bool:
-        """Every supported check passed (unsupported checks neither pass nor fail)."""
-        return not any(r.failed for r in self.results)
+        """The verdict is PASS: every check that ran passed, and enough was verified."""
+        return self.verdict == "PASS"
 
     def count(self, status: str) -> int:
         return sum(r.status == status for r in self.results)
 
 
-def planned(settings: Settings) -> list[tuple[Check, torch.dtype]]:
+def selected(settings: Settings) -> list[Check]:
+    return [c for c in CHECKS if not (c.full_only and settings.profile != "full") and settings.selects(c.name)]
+
+
+def planned(settings: Settings, dtypes=None) -> list[tuple[Check, torch.dtype]]:
     """The (check, dtype) pairs a run will execute, in order."""
-    pairs = []
-    for chk in CHECKS:
-        if (chk.full_only and settings.profile != "full") or not settings.selects(chk.name):
-            continue
-        for dtype in ([chk.fixed_dtype] if chk.fixed_dtype is not None else settings.dtypes):
-            pairs.append((chk, dtype))
-    return pairs
+    dtypes = settings.dtypes if dtypes is None else [DTYPE_NAMES[d] for d in dtypes]
+    return [(chk, dtype) for chk in selected(settings)
+            for dtype in ([chk.fixed_dtype] if chk.fixed_dtype is not None else dtypes)]
 
 
-def run_battery(settings: Settings, progress: Callable[[int, int, str], None] | None = None) -> BatteryReport:
-    """Run every planned check; torch uses ``settings.threads`` CPU threads meanwhile (restored after)."""
+def make_executor(settings: Settings):
+    return Isolated(settings) if settings.isolate else InProcess(settings)
+
+
+def run_battery(settings: Settings, progress: Callable | None = None, *, on_result: Callable | None = None,
+                executor=None) -> BatteryReport:
+    """Run every planned check; torch uses ``settings.threads`` CPU threads meanwhile (restored after).
+
+    ``progress(done, total, label, result)`` and ``on_result(report)`` are called after each check.
+    """
     threads = torch.get_num_threads()
     if settings.threads is not None:
         torch.set_num_threads(settings.threads)
+    own = executor is None
+    executor = executor or make_executor(settings)
     try:
-        return _run(settings, progress)
+        return _run(settings, executor, progress, on_result)
     finally:
+        if own:
+            executor.close()
         torch.set_num_threads(threads)
 
 
-def _run(settings: Settings, progress) -> BatteryReport:
-    report = BatteryReport(settings)
-    pairs = planned(settings)
+def _run(settings: Settings, executor, progress, on_result) -> BatteryReport:
+    report = BatteryReport(settings, dtypes=tuple(dtype_name(d) for d in settings.dtypes))
     start, cpu_start = time.perf_counter(), time.process_time()
-    for n, (chk, dtype) in enumerate(pairs):
-        if progress is not None:
-            progress(n, len(pairs), f"{chk.name}[{dtype_name(dtype)}]")
-        result = run_check(settings, chk, dtype)
-        report.results.append(result)
-        if result.failed and settings.fail_fast:
-            report.stopped_early = n + 1 < len(pairs)
-            break
-    if progress is not None:
-        progress(len(pairs), len(pairs), "done")
-    report.seconds, report.cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+    try:
+        _probe(settings, executor, report, progress)
+        capabilities = {name: c for name, c in report.capabilities.items() if c is not None}
+        pairs = planned(settings, report.dtypes)
+        report.planned = len(pairs)
+        tasks = [Task("check", chk.name, dtype_name(dtype), capabilities) for chk, dtype in pairs]
+        for n, (task, result) in enumerate(executor.map(tasks), start=1):
+            report.results.append(result)
+            _clock(report, start, cpu_start)
+            if progress is not None:
+                progress(n, len(tasks), task.label, result)
+            if on_result is not None:
+                on_result(report)
+            if result.failed and settings.fail_fast:
+                report.stopped_early = n < len(tasks)
+                break
+        report.state = "complete"
+    except KeyboardInterrupt:
+        report.state = "interrupted"
+    _clock(report, start, cpu_start)
     report.diagnosis = summarise(report.results)
+    report.coverage = run_coverage(report.results, selected_all=not settings.only)
     return report
+
+
+def _clock(report: BatteryReport, start: float, cpu_start: float):
+    """Wall time, and CPU time of this process plus, when isolated, of the checks in the worker."""
+    worker = sum(r.cpu_seconds for r in report.results) if report.settings.isolate else 0.0
+    report.seconds, report.cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start + worker
+
+
+def _probe(settings: Settings, executor, report: BatteryReport, progress):
+    """Probe the run's dtypes (and float64/float32 for fixed-dtype checks); replace refused default dtypes."""
+    wanted = list(report.dtypes)
+    extra = {dtype_name(c.fixed_dtype) for c in selected(settings) if c.fixed_dtype is not None}
+    extra |= {"float32"} if extra else set()  # the finite-difference check falls back to float32
+    extra |= {"float64"} if "fp64" in settings.require else set()
+    _probe_dtypes(executor, report, wanted + sorted(extra - set(wanted)), progress)
+    refused = [d for d in wanted if not _accepted(report, d)]
+    if not refused:
+        return
+    _probe_dtypes(executor, report, [d for d in SUBSTITUTES if d not in report.capabilities], progress)
+    if settings.explicit_dtypes:
+        return  # the verdict names the dtypes it accepts
+    substitutes = [d for d in SUBSTITUTES if d not in wanted and _accepted(report, d)]
+    report.replaced = tuple(refused)
+    report.dtypes = tuple(d for d in wanted if d not in refused) + tuple(substitutes[:len(refused)])
+
+
+def _accepted(report, dtype) -> bool:
+    caps = report.capabilities.get(dtype)
+    return caps is None or caps.accepted  # probing crashed: the checks will say more
+
+
+def _probe_dtypes(executor, report: BatteryReport, dtypes, progress):
+    for task, result in executor.map([Task("probe", dtype=d) for d in dtypes]):
+        if isinstance(result, CheckResult):  # the worker crashed or hung while probing
+            report.capabilities[task.dtype] = None
+            report.notes.append(f"{task.label}: {result.summary}")
+        else:
+            report.capabilities[task.dtype] = result
+        if progress is not None:
+            progress(0, 0, task.label, None)
+
+
+# ---------------------------------------------------------------- the verdict
+
+
+def judge(report: BatteryReport) -> tuple[str, list[str]]:
+    """``(verdict, reasons)``; see the module docstring."""
+    if report.state == "interrupted":
+        return "INTERRUPTED", [f"stopped by the user after {len(report.results)} of {report.planned} checks"]
+    if report.state == "running":
+        return "RUNNING", []
+    results = report.results
+    required = _required_refused(report)
+    if required or any(r.failed for r in results):
+        return "FAIL", required
+    if not any(r.status == "pass" for r in results):
+        return "NOTHING VERIFIED", ["no check passed: every case was refused"] + _why_refused(
+            report, report.dtypes or list(report.capabilities))
+    missing = []
+    forward_selected = any(c.group in FORWARD_GROUPS for c in selected(report.settings))
+    for dtype in report.dtypes:
+        own = [r for r in results if r.dtype == dtype and _per_dtype(r)]
+        if not own:
+            continue
+        if not any(r.status == "pass" for r in own):
+            missing.append(f"{dtype}: no check passed")
+            missing += _why_refused(report, [dtype])
+        elif forward_selected and not any(r.status == "pass" and r.check.partition(".")[0] in FORWARD_GROUPS
+                                          for r in own):
+            missing.append(f"{dtype}: no forward accuracy check ({', '.join(FORWARD_GROUPS)}) passed")
+            missing += _why_refused(report, [dtype])
+    return ("INCOMPLETE", missing) if missing else ("PASS", [])
+
+
+def _per_dtype(result: CheckResult) -> bool:
+    chk = next((c for c in CHECKS if c.name == result.check), None)
+    return chk is None or chk.fixed_dtype is None
+
+
+def _required_refused(report: BatteryReport) -> list[str]:
+    reasons = []
+    for feature in sorted(report.settings.require):
+        for dtype, caps in report.capabilities.items():
+            if caps is None or (dtype not in report.dtypes and feature != "fp64"):
+                continue
+            if feature == "fp64" and dtype == "float64" and not caps.accepted:
+                reasons.append(f"required feature fp64 refused: {caps.refusal}")
+            elif caps.accepted and feature in caps.refused:
+                reasons.append(f"required feature {feature} refused in {dtype}: {caps.refused[feature]}")
+    return reasons
+
+
+def _why_refused(report: BatteryReport, dtypes) -> list[str]:
+    """What the implementation refused in ``dtypes``, and what to change."""
+    lines = []
+    for dtype in dtypes:
+        caps = report.capabilities.get(dtype)
+        if caps is None:
+            continue
+        if not caps.accepted:
+            others = [d for d, c in report.capabilities.items() if c is not None and c.accepted and d != dtype]
+            hint = f"; it accepts {', '.join(others)}: use --dtypes {' '.join(others)}" if others else ""
+            lines.append(f"- the implementation refuses {dtype} ({caps.refusal}){hint}")
+        else:
+            lines.append(f"- {caps.summary()}")
+    refused = report.coverage.get("refused_features") or {}
+    if refused:
+        top = ", ".join(f"{f} ({n} cases)" for f, n in list(refused.items())[:6])
+        lines.append(f"- refused features: {top}")
+    return lines
+

@@ -5,8 +5,9 @@ returns what it produced, or raises
 
 * :class:`Unsupported` when the implementation raised ``NotImplementedError`` (the features
   the case uses are named, with the implementation's own message);
-* :class:`ContractError` when it broke the protocol: wrong shape, dtype or device, a
-  missing gradient, inputs modified in place, or any other exception (with its type).
+* :class:`ContractError` when it broke the protocol: no tensor returned, wrong shape, dtype
+  or device, a missing gradient, inputs modified in place, ``sys.exit``, or any other
+  exception (with its type).
 """
 
 from __future__ import annotations
@@ -59,10 +60,17 @@ def case_features(case, *, lse=False, backward=False) -> tuple[str, ...]:
     return tuple(found)
 
 
-def call(impl, case, *, lse=False, backward=False) -> Observed:
-    """Run ``impl`` on ``case`` and check the protocol's contract on what comes back."""
+def call(impl, case, *, lse=False, backward=False, watch=None) -> Observed:
+    """Run ``impl`` on ``case`` and check the protocol's contract on what comes back.
+
+    ``watch`` (optional) is told when the implementation starts and stops running
+    (``watch.before(case, lse, backward)``, ``watch.after()``): an isolated run uses it to
+    know which case a crash or a hang belongs to.
+    """
     leaves = [t.detach().requires_grad_(backward) for t in (case.q, case.k, case.v)]  # strides kept
     before = [t.detach().clone() for t in leaves]
+    if watch is not None:
+        watch.before(case, lse, backward)
     try:
         result = impl(*leaves, return_lse=lse, **case.kwargs)
         out, out_lse = _unpack(result, lse)
@@ -71,9 +79,13 @@ def call(impl, case, *, lse=False, backward=False) -> Observed:
         raise Unsupported(case_features(case, lse=lse, backward=backward), str(err) or "NotImplementedError") from None
     except ContractError:
         raise
+    except SystemExit as err:  # the battery must outlive a kernel that exits: a broken contract, not the end
+        raise ContractError(f"called sys.exit({err.code!r})") from None
     except Exception as err:  # a crash is a failure of the case, reported with its type
         raise ContractError(f"raised {type(err).__name__}: {err}") from None
     finally:
+        if watch is not None:
+            watch.after()
         _restore_inputs(leaves, before)
     observed = Observed(out.detach(), None if out_lse is None else out_lse.detach(), *grads)
     _check_contract(case, observed)
@@ -84,14 +96,20 @@ def _unpack(result, want_lse):
     if want_lse:
         if not (isinstance(result, tuple) and len(result) == 2):
             raise ContractError(f"with return_lse=True expected (out, lse), got {type(result).__name__}")
-        return result
-    if isinstance(result, tuple):
+        out, lse = result
+    elif isinstance(result, tuple):
         raise ContractError("with return_lse=False expected a tensor, got a tuple")
-    return result, None
+    else:
+        out, lse = result, None
+    if not isinstance(out, torch.Tensor):
+        raise ContractError(f"returned {type(out).__name__} as the output, expected a tensor")
+    if want_lse and not isinstance(lse, torch.Tensor):
+        raise ContractError(f"returned {type(lse).__name__} as lse, expected a tensor")
+    return out, lse
 
 
 def _backward(out, leaves, grad_out):
-    if not isinstance(out, torch.Tensor) or not out.requires_grad:
+    if not out.requires_grad:
         raise ContractError("the output does not require grad: no backward through autograd")
     out.backward(grad_out.to(out.dtype))
     grads = tuple(t.grad for t in leaves)

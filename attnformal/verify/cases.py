@@ -60,6 +60,8 @@ class Case:
     grad_out: torch.Tensor | None = None
     seed: int = 0
     role: str = "test"  # "control": a variant expected to pass, to localise a failure by difference
+    adapted: tuple[str, ...] = ()  # what was changed so that the implementation accepts it (capabilities)
+    duplicate: bool = False  # adapted into a case the same check already ran: not run again
 
     @property
     def spec(self) -> AttentionSpec:

@@ -48,6 +48,8 @@ BUG_CLASSES = {c.id: c for c in (
                                "so the allowed keys underflow"),
     BugClass("finite_mask_fill", "masked scores are filled with a finite value (like -1e4) instead of -inf"),
     BugClass("nan_empty_rows", "rows with no allowed key give NaN/Inf (0/0) instead of output 0 and lse -inf"),
+    BugClass("nan_first_block", "a row whose first key block is fully masked gives NaN although later keys are "
+                                "allowed: exp(s - m) with m = -inf is not guarded in a block with no allowed key"),
     BugClass("ragged_block", "the last, partial key block is read past the end as zeros that enter the softmax "
                              "(no bounds mask)"),
     BugClass("causal_alignment", "the causal mask is aligned top-left where bottom-right was asked (or the reverse)"),
@@ -78,6 +80,10 @@ BUG_CLASSES = {c.id: c for c in (
     BugClass("uninitialised_output", "part of the output is never written (uninitialised memory)"),
     BugClass("input_mutation", "the implementation modifies its inputs in place"),
     BugClass("contract", "the protocol's contract is broken (shape, dtype, missing gradient or a crash)"),
+    BugClass("crash", "the implementation kills the process (segfault, abort, exit): often an out-of-bounds "
+                      "access for the shapes named"),
+    BugClass("hang", "a call of the implementation never returns (a deadlock, an endless loop, a wait on a "
+                     "device that never finishes)"),
 )}
 
 
@@ -118,13 +124,17 @@ def localise(name: str, over: torch.Tensor, case, expected) -> tuple[str, list[F
     per_axis = [over.transpose(0, a).reshape(over.shape[a], -1).any(1) for a in range(3)]
     batches, heads, rows = (torch.nonzero(x).flatten().tolist() for x in per_axis)
     nb, nh, nr = (over.shape[a] for a in range(3))
-    row_word = "key rows" if name in ("dk", "dv") else "query rows"
+    kv_tensor = name in ("dk", "dv")  # indexed by KV head, not query head
+    row_word = "key rows" if kv_tensor else "query rows"
+    head_word = "KV heads" if kv_tensor and spec.group > 1 else "heads"
     text = (f"{name} fails at {int(over.sum())}/{over.numel()} elements in batches [{_ranges(batches)}] of {nb}, "
-            f"heads [{_ranges(heads)}] of {nh}, {row_word} [{_ranges(rows)}] of {nr}")
+            f"{head_word} [{_ranges(heads)}] of {nh}, {row_word} [{_ranges(rows)}] of {nr}")
     found = []
     if nb > 1 and batches == list(range(1, nb)):
         found.append(finding("batch_indexing", HINT, "every batch fails except batch 0"))
-    if nh > 1 and len(heads) == 1 and len(batches) == nb:
+    # A KV head of a GQA group holds the gradients of several query heads: "only KV head 0" would
+    # contradict "only head 1" of the output, so only query-head tensors name a single head.
+    if nh > 1 and len(heads) == 1 and len(batches) == nb and not (kv_tensor and spec.group > 1):
         found.append(finding("head_specific", PATTERN, f"only head {heads[0]} fails, in every batch"))
     if name not in ("dk", "dv") and spec.group > 1 and spec.heads_kv > 1:
         h = torch.arange(spec.heads_q)

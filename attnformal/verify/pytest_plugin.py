@@ -3,7 +3,14 @@
 Every (check, dtype) of the battery becomes one test, ``attnformal-verify::<check>[<dtype>]``:
 it passes, fails with the battery's account (worst errors, where they sit, the likely bug,
 a reproducer), or is skipped when the implementation does not support it (a failure for a
-feature named by ``--attn-require``). Without ``--attn-impl`` the plugin adds nothing.
+feature named by ``--attn-require``). A last test, ``attnformal-verify::verdict``, is the
+battery's verdict on the tests that ran: it fails for a failing check, and when they
+verified nothing or less than the battery's minimum (see :mod:`.battery`). Without ``--attn-impl`` the plugin adds nothing.
+
+The options mean what the command line's do (list options take spaces or commas, unknown
+names are usage errors); reproducers go to ``<rootdir>/verify-repro/<impl>/``. With
+``--attn-isolate`` (the default for MODULE:FUNC and FILE.py:FUNC, as on the command line)
+each test runs in a worker process, so a crash or a hang fails that test only.
 
 Installed through the ``pytest11`` entry point; without it, ``-p attnformal.verify.pytest_plugin``.
 """
@@ -14,8 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from attnformal.verify.battery import planned
-from attnformal.verify.runner import DTYPE_NAMES, Settings, dtype_name, run_check
+from attnformal.verify.battery import BatteryReport, judge, make_executor, planned
+from attnformal.verify.coverage import run_coverage
+from attnformal.verify.execute import Task
+from attnformal.verify.options import check_device, impl_slug, parse_dtypes, parse_features, parse_patterns, \
+    parse_seconds
+from attnformal.verify.outputs import start_folder
+from attnformal.verify.runner import CheckResult, Settings, dtype_name
 from attnformal.verify.tolerances import PROFILES
 
 COLLECTOR_NAME = "attnformal-verify"
@@ -24,31 +36,43 @@ COLLECTOR_NAME = "attnformal-verify"
 def pytest_addoption(parser):
     group = parser.getgroup("attnformal", "attention conformance battery (attnformal.verify)")
     group.addoption("--attn-impl", metavar="MODULE:FUNC", help="run the battery on this implementation or alias")
-    group.addoption("--attn-dtypes", default="float32,bfloat16", help="comma-separated dtypes (default: %(default)s)")
+    group.addoption("--attn-dtypes", default="float32 bfloat16", help="dtypes, separated by spaces or commas "
+                                                                      "(default: %(default)s)")
     group.addoption("--attn-device", default="cpu", help="device of the inputs (default: %(default)s)")
     group.addoption("--attn-profile", default="quick", choices=("quick", "full"), help="case sizes")
     group.addoption("--attn-tolerance", default="default", choices=PROFILES, help="tolerance profile")
     group.addoption("--attn-seed", type=int, default=0, help="run seed")
-    group.addoption("--attn-require", default="", help="comma-separated features that must be supported")
-    group.addoption("--attn-only", default="", help="comma-separated glob patterns of checks to run")
+    group.addoption("--attn-require", default="", help="features that must be supported (spaces or commas)")
+    group.addoption("--attn-only", default="", help="glob patterns of checks to run (spaces or commas)")
+    group.addoption("--attn-isolate", action="store_true", default=None,
+                    help="run each check in a worker process (default for MODULE:FUNC and FILE.py:FUNC)")
+    group.addoption("--attn-no-isolate", action="store_false", dest="attn_isolate", help="run checks in pytest's process")
+    group.addoption("--attn-case-timeout", type=parse_seconds, default=300.0,
+                    help="with isolation: seconds one call may take before it is a hang (default: %(default)s)")
 
 
 def _settings(config) -> Settings:
-    from attnformal.adapters import resolve
+    from attnformal.adapters import ALIASES, resolve
 
-    def split(option):
-        return tuple(part for part in config.getoption(option).split(",") if part)
+    def option(name):
+        return config.getoption(name)
 
-    target = config.getoption("--attn-impl")
+    target = option("--attn-impl")
     try:
         impl = resolve(target)
-        dtypes = tuple(DTYPE_NAMES[name] for name in split("--attn-dtypes"))
-    except (ValueError, KeyError) as err:
+        dtypes = parse_dtypes(option("--attn-dtypes"), "--attn-dtypes")
+        require = parse_features(option("--attn-require"), "--attn-require")
+        only = parse_patterns(option("--attn-only"), option("--attn-profile"), "--attn-only")
+        check_device(option("--attn-device"), "--attn-device")
+    except ValueError as err:
         raise pytest.UsageError(f"attnformal.verify: {err}") from None
-    return Settings(impl=impl, impl_name=target, dtypes=dtypes, device=config.getoption("--attn-device"),
-                    profile=config.getoption("--attn-profile"), tolerance=config.getoption("--attn-tolerance"),
-                    seed=config.getoption("--attn-seed"), require=frozenset(split("--attn-require")),
-                    only=split("--attn-only"), repro_dir=Path(str(config.rootpath)) / "verify-repro")
+    isolate = option("attn_isolate")
+    return Settings(impl=impl, impl_name=target, dtypes=dtypes, device=option("--attn-device"),
+                    profile=option("--attn-profile"), tolerance=option("--attn-tolerance"), seed=option("--attn-seed"),
+                    require=require, only=only, target=target,
+                    repro_dir=Path(str(config.rootpath)) / "verify-repro" / impl_slug(target),
+                    isolate=target not in ALIASES if isolate is None else isolate,
+                    case_timeout=option("--attn-case-timeout"))
 
 
 @pytest.hookimpl(tryfirst=True)  # before -k / -m deselection, which then applies to these items too
@@ -56,16 +80,47 @@ def pytest_collection_modifyitems(session, config, items):
     if not config.getoption("--attn-impl"):
         return
     battery = Battery.from_parent(session, name=COLLECTOR_NAME)
-    battery.settings = _settings(config)
+    battery.prepare(_settings(config))
+    config.add_cleanup(battery.close)
     items.extend(battery.collect())
 
 
 class Battery(pytest.Collector):
-    settings: Settings
+    """The battery's tests, the executor they run on, and what they found so far."""
+
+    def prepare(self, settings: Settings):
+        self.settings = settings
+        self.executor = None
+        self.capabilities: dict = {}
+        self.results: list = []
 
     def collect(self):
-        return [CheckItem.from_parent(self, name=f"{chk.name}[{dtype_name(dtype)}]", check=chk, dtype=dtype)
-                for chk, dtype in planned(self.settings)]
+        items = [CheckItem.from_parent(self, name=f"{chk.name}[{dtype_name(dtype)}]", check=chk, dtype=dtype)
+                 for chk, dtype in planned(self.settings)]
+        return items + [VerdictItem.from_parent(self, name="verdict")]
+
+    def run(self, check, dtype):
+        import torch
+
+        if self.executor is None:  # the first test that runs: an earlier run's files move aside now, not at collection
+            start_folder(self.settings.repro_dir)
+            self.executor = make_executor(self.settings)
+        for name in {dtype_name(dtype)} - set(self.capabilities):
+            _, caps = next(self.executor.map([Task("probe", dtype=name)]))
+            self.capabilities[name] = None if isinstance(caps, CheckResult) else caps  # None: probing crashed
+        known = {name: caps for name, caps in self.capabilities.items() if caps is not None}
+        threads = torch.get_num_threads()
+        torch.set_num_threads(self.settings.threads or threads)
+        try:
+            _, result = next(self.executor.map([Task("check", check.name, dtype_name(dtype), known)]))
+        finally:
+            torch.set_num_threads(threads)
+        self.results.append(result)
+        return result
+
+    def close(self):
+        if getattr(self, "executor", None) is not None:
+            self.executor.close()
 
 
 class CheckFailed(Exception):
@@ -80,14 +135,7 @@ class CheckItem(pytest.Item):
         self.check, self.dtype = check, dtype
 
     def runtest(self):
-        import torch
-
-        threads = torch.get_num_threads()
-        torch.set_num_threads(self.parent.settings.threads or threads)
-        try:
-            result = run_check(self.parent.settings, self.check, self.dtype)
-        finally:
-            torch.set_num_threads(threads)
+        result = self.parent.run(self.check, self.dtype)
         if result.failed:
             raise CheckFailed(result)
         if result.status == "unsupported":
@@ -98,10 +146,41 @@ class CheckItem(pytest.Item):
             return super().repr_failure(excinfo, style)
         r = excinfo.value.result
         lines = [f"{r.label}: {r.status} -- {r.summary}", *r.details]
-        lines += [f"-> [{f.bug}] {f.evidence}" for f in r.findings]
+        lines += [f"-> {'[' + f.bug + '] ' if f.bug else ''}{f.evidence}" for f in r.findings]
         if r.command:
             lines.append(f"reproduce: {r.command}")
         return "\n".join(lines)
 
     def reportinfo(self):
         return self.path, None, f"{COLLECTOR_NAME}::{self.name}"
+
+
+class VerdictItem(pytest.Item):
+    """The verdict on the battery's tests that ran: fails unless it is PASS (see :func:`.battery.judge`)."""
+
+    def runtest(self):
+        battery = self.parent
+        if not battery.results:
+            pytest.skip("no check of the battery ran (all deselected)")
+        report = BatteryReport(battery.settings, results=battery.results, state="complete",
+                               dtypes=tuple(dtype_name(d) for d in battery.settings.dtypes),
+                               capabilities=battery.capabilities)
+        report.coverage = run_coverage(report.results, selected_all=not battery.settings.only)
+        verdict, reasons = judge(report)
+        if verdict != "PASS":
+            failed = sum(r.failed for r in report.results)
+            raise VerdictFailed(verdict, reasons + ([f"{failed} checks failed (above)"] if failed else []))
+
+    def repr_failure(self, excinfo, style=None):
+        if not isinstance(excinfo.value, VerdictFailed):
+            return super().repr_failure(excinfo, style)
+        return "\n".join([f"verdict: {excinfo.value.verdict}", *excinfo.value.reasons])
+
+    def reportinfo(self):
+        return self.path, None, f"{COLLECTOR_NAME}::verdict"
+
+
+class VerdictFailed(Exception):
+    def __init__(self, verdict, reasons):
+        self.verdict, self.reasons = verdict, reasons
+        super().__init__(verdict)

@@ -1,11 +1,15 @@
 """Replaying a saved reproducer: the exact failing case, run again and explained.
 
-A reproducer (written by the battery for every failing check) holds the inputs bit for bit,
-the keyword arguments (masks included), dO, the flags of the call and the spec as JSON.
+A reproducer (written by the battery for every failing check, and for the case a crashed or
+hung worker was running) holds the inputs bit for bit, the keyword arguments (masks
+included), dO, the flags of the call and the spec as JSON. The format is a ``torch.save``
+dict with the keys ``case`` (see :meth:`.cases.Case.to_payload`), ``lse``, ``backward``,
+``check``, ``dtype``, ``tolerance``, ``impl``, ``run_seed``, ``spec`` and ``rerun``.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -17,16 +21,20 @@ from attnformal.verify.runner import DTYPE_NAMES, CheckResult, Settings, run_che
 
 def load_reproducer(path) -> tuple[Case, dict]:
     try:
-        data = torch.load(Path(path), weights_only=False)
+        data = torch.load(Path(path), weights_only=False, map_location="cpu")
         case = Case.from_payload(data["case"])
-    except (OSError, KeyError, RuntimeError, TypeError) as err:
+        missing = [key for key in ("check", "lse", "backward", "impl", "run_seed", "rerun") if key not in data]
+        if missing or data.get("dtype") not in DTYPE_NAMES:
+            raise KeyError(", ".join(missing) or "dtype")
+    except (OSError, KeyError, RuntimeError, TypeError, EOFError, AttributeError) as err:
         raise ValueError(f"argument '--replay': {path} is not a reproducer written by the battery: {err}") from None
     if any(stride != list(getattr(case, n).stride()) for n, stride in data["case"]["strides"].items()):
         case = case.with_(q=non_contiguous(case.q), k=non_contiguous(case.k), v=non_contiguous(case.v))
     return case, data
 
 
-def replay(settings: Settings, path) -> tuple[CheckResult, str]:
+def replay_result(settings: Settings, path, *, impl=None, watch=None) -> CheckResult:
+    """Run the reproducer's case again with ``settings``' implementation and device."""
     case, data = load_reproducer(path)
     to = settings.device
     case = case.with_(q=case.q.to(to), k=case.k.to(to), v=case.v.to(to),
@@ -37,16 +45,20 @@ def replay(settings: Settings, path) -> tuple[CheckResult, str]:
     def rerun(run):
         run.against_reference(case, lse=data["lse"], backward=data["backward"])
 
-    settings = Settings(**{**settings.__dict__, "tolerance": data.get("tolerance", settings.tolerance),
-                           "repro_dir": None})
-    result = run_check(settings, Check(f"replay:{data['check']}", rerun, "replay"), DTYPE_NAMES[data["dtype"]])
+    settings = replace(settings, tolerance=data.get("tolerance", settings.tolerance), repro_dir=None)
+    return run_check(settings, Check(f"replay:{data['check']}", rerun, "replay"), DTYPE_NAMES[data["dtype"]],
+                     impl=impl, watch=watch)
+
+
+def describe_replay(path, result: CheckResult) -> str:
+    case, data = load_reproducer(path)
     lines = [f"replaying {path}: check {data['check']} [{data['dtype']}] of impl {data['impl']} "
              f"(run seed {data['run_seed']})", f"case: {case.describe()} (seed {case.seed})",
-             f"result: {result.status} -- {result.summary}"]
+             f"result: {result.status}{' (' + result.kind + ')' if result.kind else ''} -- {result.summary}"]
     lines += [f"    {line}" for d in result.details for line in d.splitlines()]
-    lines += [f"    -> [{f.bug}] {f.evidence}" for f in result.findings]
+    lines += [f"    -> {'[' + f.bug + '] ' if f.bug else ''}{f.evidence}" for f in result.findings]
     lines.append(f"rerun the whole check: {data['rerun']}")
-    return result, "\n".join(lines)
+    return "\n".join(lines)
 
 
 def write_reproducer(path, case: Case, *, impl: str, check: str, dtype: str = "float32", tolerance: str = "default",

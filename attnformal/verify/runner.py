@@ -1,10 +1,11 @@
 """Running checks: the context a check works in, and the result it leaves.
 
-A check is a function of a :class:`CheckRun`. It builds seeded cases, runs the
-implementation on them (:meth:`CheckRun.observe`, :meth:`CheckRun.against_reference`) and
-records each case as pass, FAIL or unsupported; it may add findings. :func:`run_check`
-turns that into a :class:`CheckResult`: the status, the worst errors, where they sit, the
-likely bug, and a reproducer file with the one-line command that replays it.
+A check is a function of a :class:`CheckRun`. It builds seeded cases -- adapted to what
+the implementation accepts (:mod:`.capabilities`) -- runs the implementation on them
+(:meth:`CheckRun.observe`, :meth:`CheckRun.against_reference`) and records each case as
+pass, FAIL or unsupported; it may add findings. :func:`run_check` turns that into a
+:class:`CheckResult`: the status, the worst errors, where they sit, the likely bug, what the
+check covered, and a reproducer file with the one-line command that replays it.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from pathlib import Path
 
 import torch
 
-from attnformal.testing import Comparison
+from attnformal.testing import Comparison, format_ratio
 from attnformal.verify import diagnosis
 from attnformal.verify.calls import FIELDS, ContractError, Observed, Unsupported, call, case_features
-from attnformal.verify.cases import Case, derive_seed, random_case
+from attnformal.verify.cases import Case, Shape, derive_seed, random_case
+from attnformal.verify.coverage import case_coverage, check_coverage
 from attnformal.verify.diagnosis import Finding, finding
 from attnformal.verify.reference import Expected, expected_for, naive_for
 from attnformal.verify.tolerances import LOW_PRECISION, judge
@@ -39,7 +41,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 class Settings:
     """One run of the battery: what to test, how, and where reproducers go."""
 
-    impl: Callable
+    impl: Callable | None  # None: resolved from ``target`` (in a worker process)
     impl_name: str
     dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16)
     device: str = "cpu"
@@ -48,10 +50,14 @@ class Settings:
     seed: int = 0
     fail_fast: bool = False
     require: frozenset[str] = frozenset()
-    repro_dir: Path | None = None
+    repro_dir: Path | None = None  # this implementation's output folder: reproducers, results.json
     use_certified: bool = True
     only: tuple[str, ...] = ()
     threads: int | None = 1  # torch CPU threads during the run (None: leave as is); the cases are small
+    target: str | None = None  # MODULE:FUNC, FILE.py:FUNC or an alias: how a worker process finds ``impl``
+    isolate: bool = False  # run the checks in a worker process (crashes and hangs become FAILs)
+    case_timeout: float = 300.0  # seconds one call of the implementation may take when isolated
+    explicit_dtypes: bool = True  # False: dtypes the implementation refuses are replaced by ones it accepts
 
     def selects(self, check_name: str) -> bool:
         return not self.only or any(fnmatch.fnmatch(check_name, pattern) for pattern in self.only)
@@ -81,6 +87,7 @@ class CheckResult:
     check: str
     dtype: str
     status: str  # "pass" | "FAIL" | "unsupported" | "ERROR" (the battery itself failed)
+    kind: str = ""  # for an isolated FAIL: "crash" (the process died) or "hang" (over --case-timeout)
     summary: str = ""
     details: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
@@ -93,6 +100,7 @@ class CheckResult:
     cases: int = 0
     unsupported_cases: int = 0
     reference: str = ""
+    coverage: dict = field(default_factory=dict)  # what the cases exercised (see .coverage)
 
     @property
     def label(self) -> str:
@@ -109,15 +117,31 @@ class CheckResult:
 
 
 class CheckRun:
-    """What a check sees: the implementation, the dtype, seeded case builders and recorders."""
+    """What a check sees: the implementation, the dtype, seeded case builders and recorders.
 
-    def __init__(self, settings: Settings, check_name: str, dtype: torch.dtype):
+    ``capabilities`` (dtype name -> :class:`~.capabilities.Capabilities`) adapt every case to
+    what the implementation accepts; ``watch`` is told about each call (see :func:`.calls.call`).
+    """
+
+    def __init__(self, settings: Settings, check_name: str, dtype: torch.dtype, *, impl=None,
+                 capabilities: dict | None = None, watch=None):
         self.settings, self.check_name, self.dtype = settings, check_name, dtype
+        self.impl = impl or settings.impl
         self.device = settings.device
+        self.capabilities = capabilities or {}
+        self.watch = watch
         self.records: list[CaseRecord] = []
         self.findings: list[Finding] = []
         self.notes: list[str] = []
         self.metrics: dict = {}
+        self._built: set = set()
+
+    def caps_for(self, dtype=None):
+        return self.capabilities.get(dtype_name(dtype or self.dtype))
+
+    @property
+    def caps(self):
+        return self.caps_for(self.dtype)
 
     @property
     def quick(self) -> bool:
@@ -129,16 +153,39 @@ class CheckRun:
     def seed(self, *parts) -> int:
         return derive_seed(self.settings.seed, self.check_name, dtype_name(self.dtype), *parts)
 
-    def random_case(self, name, sh, *, grad=True, **kwargs) -> Case:
-        return random_case(name, sh, self.dtype, self.device, self.seed(name), grad=grad, **kwargs)
+    def adapt(self, sh: Shape, kwargs=None, *, keep=(), incidental=(), identity_values=False, dtype=None):
+        """``(shape, kwargs, notes)``: the nearest case the implementation accepts in ``dtype``
+        (this check's by default); see :meth:`.capabilities.Capabilities.adapt`."""
+        caps = self.caps_for(dtype)
+        kwargs = dict(kwargs or {})
+        if caps is None:
+            return sh, kwargs, ()
+        return caps.adapt(sh, kwargs, keep=keep, incidental=incidental, identity_values=identity_values,
+                          head_dim_ok=lambda d: caps.head_dim_ok(d, self.impl, self.device, self.watch))
+
+    def random_case(self, name, sh, *, grad=True, keep=(), incidental=(), identity_values=False, dtype=None,
+                    **kwargs) -> Case:
+        """A seeded random case, adapted (see :meth:`adapt`); one adapted into the shape of an earlier
+        case of this check is marked a duplicate and not run."""
+        sh, kwargs, notes = self.adapt(sh, kwargs, keep=keep, incidental=incidental,
+                                       identity_values=identity_values, dtype=dtype)
+        case = random_case(name, sh, dtype or self.dtype, self.device, self.seed(name), grad=grad, **kwargs)
+        if notes:
+            key = (sh, tuple(sorted((k, repr(v)) for k, v in kwargs.items())), grad)
+            plain = not any(isinstance(v, torch.Tensor) for v in kwargs.values())
+            case = case.with_(adapted=notes, duplicate=plain and key in self._built)
+            self._built.add(key)
+        return case
 
     # -- running the implementation
 
     def observe(self, case: Case, *, lse=False, backward=False) -> Observed | None:
-        """The implementation's results, or None when it does not support the case (recorded) or
-        broke the contract (recorded as a failure)."""
+        """The implementation's results, or None when it does not support the case (recorded),
+        broke the contract (recorded as a failure), or the case duplicates an adapted one."""
+        if case.duplicate:
+            return None
         try:
-            return call(self.settings.impl, case, lse=lse, backward=backward)
+            return call(self.impl, case, lse=lse, backward=backward, watch=self.watch)
         except Unsupported as err:
             self.records.append(CaseRecord(case, "unsupported", lse, backward, features=err.features,
                                            message=str(err)))
@@ -188,8 +235,9 @@ class CheckRun:
         self.notes.append(text)
 
 
-def run_check(settings: Settings, check, dtype: torch.dtype) -> CheckResult:
-    run = CheckRun(settings, check.name, dtype)
+def run_check(settings: Settings, check, dtype: torch.dtype, *, impl=None, capabilities=None,
+              watch=None) -> CheckResult:
+    run = CheckRun(settings, check.name, dtype, impl=impl, capabilities=capabilities, watch=watch)
     result = CheckResult(check.name, dtype_name(dtype), "pass", seed=settings.seed)
     start, cpu_start = time.perf_counter(), time.process_time()
     try:
@@ -207,12 +255,15 @@ def _conclude(settings: Settings, run: CheckRun, result: CheckResult):
     records = run.records
     failed = [r for r in records if r.status == "FAIL"]
     unsupported = [r for r in records if r.status == "unsupported"]
-    required = [r for r in unsupported if settings.require & set(r.features)]
+    refused = {id(r): _refused_features(run, r) for r in unsupported}
+    required = [r for r in unsupported if settings.require & refused[id(r)]]
     result.cases, result.unsupported_cases = len(records), len(unsupported)
     result.findings = list(dict.fromkeys(run.findings))  # the same finding from several cases, once
     result.details = list(run.notes)
     result.metrics = {**_metrics(records), **run.metrics}
     result.reference = next((r.expected.source for r in records if r.expected is not None), "")
+    result.coverage = check_coverage([case_coverage(r.case, r.status, r.features, refused.get(id(r), ()))
+                                      for r in records])
     tested = [r for r in records if r.case.role != "control"]  # a control alone does not make a pass
     if failed or required:
         result.status = "FAIL"
@@ -220,15 +271,23 @@ def _conclude(settings: Settings, run: CheckRun, result: CheckResult):
         result.status = "unsupported"
     if unsupported:
         first = unsupported[0]
-        result.details.append(f"{len(unsupported)}/{len(records)} cases unsupported (features: "
-                              f"{', '.join(first.features) or 'forward'}): {first.message}")
+        what = ", ".join(sorted(refused[id(first)])) or "the combination " + (", ".join(first.features) or "forward")
+        result.details.append(f"{len(unsupported)}/{len(records)} cases unsupported (refused: {what}): "
+                              f"{first.message}")
     for r in required:
-        result.details.append(f"required feature unsupported: {sorted(settings.require & set(r.features))} "
+        result.details.append(f"required feature unsupported: {sorted(settings.require & refused[id(r)])} "
                               f"in case {r.case.describe()}")
     if result.status == "FAIL" and failed:
         worst = max(failed, key=lambda r: r.worst_ratio)
         _explain(settings, worst, result)
     result.summary = _summary(result, failed, records)
+
+
+def _refused_features(run: CheckRun, record: CaseRecord) -> set[str]:
+    """The features the implementation refuses on their own, among those of a refused case
+    (all of them when it was not probed in this dtype)."""
+    caps = run.caps_for(record.case.dtype)
+    return set(record.features) if caps is None else caps.refused_among(record.features)
 
 
 def _metrics(records) -> dict:
@@ -254,7 +313,8 @@ def _summary(result: CheckResult, failed, records) -> str:
     worst = max(failed, key=lambda r: r.worst_ratio)
     bad = [c for c in worst.comparisons if not c.passed]
     what = worst.problems[0] if worst.problems else ", ".join(
-        f"{c.name} {c.worst_ratio:.3g}x tolerance ({c.mismatched}/{c.numel})" for c in bad)
+        f"{c.name} {'NaN/Inf' if c.nonfinite else format_ratio(c.worst_ratio) + 'x tolerance'} "
+        f"({c.mismatched}/{c.numel})" for c in bad)
     return f"{len(failed)}/{len(records)} cases fail; worst: {what}"
 
 
@@ -288,18 +348,34 @@ def _small_enough(case) -> bool:
     return s.batch * s.heads_q * s.len_q * s.len_k <= 2**22
 
 
+def rerun_command(settings: Settings, check: str, dtype: str) -> str:
+    """The command that runs one check again, exactly as in this run."""
+    return (f"python -m attnformal.verify --impl {settings.impl_name} --dtypes {dtype} --profile {settings.profile} "
+            f"--tolerance {settings.tolerance} --seed {settings.seed} --only '{check}'")
+
+
+def reproducer_path(settings: Settings, check: str, dtype: str) -> Path | None:
+    return None if settings.repro_dir is None else settings.repro_dir / f"{check}-{dtype}.pt"
+
+
+def reproducer_data(settings: Settings, case: Case, *, lse: bool, backward: bool, check: str, dtype: str) -> dict:
+    """What a reproducer file holds (the format :func:`.replay.load_reproducer` reads)."""
+    return {"case": case.to_payload(), "lse": lse, "backward": backward, "check": check, "dtype": dtype,
+            "tolerance": settings.tolerance, "impl": settings.impl_name, "run_seed": settings.seed,
+            "spec": case.spec.to_json(), "rerun": rerun_command(settings, check, dtype)}
+
+
+def replay_command(settings: Settings, path) -> str:
+    return f"python -m attnformal.verify --impl {settings.impl_name} --replay {path}"
+
+
 def _save_reproducer(settings: Settings, worst: CaseRecord, result: CheckResult):
-    rerun = (f"python -m attnformal.verify --impl {settings.impl_name} --dtypes {result.dtype} "
-             f"--profile {settings.profile} --tolerance {settings.tolerance} --seed {settings.seed} "
-             f"--only '{result.check}'")
-    result.command = rerun
-    if settings.repro_dir is None:
+    result.command = rerun_command(settings, result.check, result.dtype)
+    path = reproducer_path(settings, result.check, result.dtype)
+    if path is None:
         return
-    settings.repro_dir.mkdir(parents=True, exist_ok=True)
-    path = settings.repro_dir / f"{result.check}-{result.dtype}.pt"
-    torch.save({"case": worst.case.to_payload(), "lse": worst.lse, "backward": worst.backward,
-                "check": result.check, "dtype": result.dtype, "tolerance": settings.tolerance,
-                "impl": settings.impl_name, "run_seed": settings.seed, "spec": worst.case.spec.to_json(),
-                "rerun": rerun}, path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(reproducer_data(settings, worst.case, lse=worst.lse, backward=worst.backward, check=result.check,
+                               dtype=result.dtype), path)
     result.reproducer = str(path)
-    result.command = f"python -m attnformal.verify --impl {settings.impl_name} --replay {path}"
+    result.command = replay_command(settings, path)

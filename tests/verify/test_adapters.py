@@ -21,9 +21,17 @@ def test_aliases_and_targets_resolve():
         adapters.resolve("sdpa-maths")
 
 
+@pytest.mark.parametrize("alias, package", sorted(adapters.REQUIRES.items()))
+def test_an_alias_whose_package_is_missing_is_a_usage_error(alias, package):
+    if importlib.util.find_spec(package) is not None:
+        pytest.skip(f"{package} is installed")
+    with pytest.raises(ValueError, match=f"argument '--impl': {alias} needs the package {package}"):
+        adapters.resolve(alias)
+
+
 @pytest.mark.parametrize("package, adapter", [("flash_attn", adapters.flash_attn), ("xformers", adapters.xformers),
                                               ("torch_npu", adapters.npu_fusion_attention)])
-def test_a_missing_package_is_unsupported_not_a_crash(package, adapter):
+def test_an_adapter_called_without_its_package_refuses_not_crashes(package, adapter):
     if importlib.util.find_spec(package) is not None:
         pytest.skip(f"{package} is installed")
     q = torch.randn(1, 1, 4, 8)

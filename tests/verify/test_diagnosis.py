@@ -87,3 +87,32 @@ def test_summary_ranks_definitive_over_strong_and_then_by_agreement():
         CheckResult("d", "float32", "pass", findings=[diagnosis.finding("lse_base2", diagnosis.DEFINITIVE, "e")]),
     ])
     assert [r.bug for r in ranked] == ["nondeterminism", "mask_wrong"]
+
+
+def test_localise_names_the_kv_heads_of_a_gqa_gradient_and_no_single_head():
+    """dK of KV head 0 holds query heads 0 and 1: 'only head 0 fails' there would contradict 'only head 1' of out."""
+    case = case_of(shape(1, 4, 2, 6, 6, 8))
+    over = torch.zeros(1, 2, 6, 8, dtype=torch.bool)
+    over[:, 0] = True
+    text, found = diagnosis.localise("dk", over, case, expected_for(case, backward=True))
+    assert "KV heads [0] of 2" in text and found == []
+    out_over = torch.zeros(1, 4, 6, 8, dtype=torch.bool)
+    out_over[:, 1] = True
+    _, found = diagnosis.localise("out", out_over, case, expected_for(case, backward=False))
+    assert [f.evidence for f in found] == ["only head 1 fails, in every batch"]
+
+
+def test_float64_computed_in_float32_is_no_gradient_bug():
+    """Finite differences at a float64 step would measure float32 rounding noise: the check notices the
+    precision and uses a float32 step, and names no gradient bug."""
+    import zoo
+    from attnformal.verify import Settings, run_battery
+
+    def float32_inside(q, k, v, **kwargs):
+        return zoo.attention(q.float(), k.float(), v.float(), **kwargs).to(q.dtype)
+
+    report = run_battery(Settings(impl=float32_inside, impl_name="fp32 inside", dtypes=(torch.float32,),
+                                  only=("bwd.finite_difference",)))
+    (result,) = report.results
+    assert result.status == "pass" and not result.findings
+    assert any("computed in lower precision" in d for d in result.details)

@@ -1,4 +1,4 @@
-"""pytest --attn-impl: the battery as tests (pass, fail with the account, skip when unsupported)."""
+"""pytest --attn-impl: the battery as tests (pass, fail with the account, skip when unsupported, a verdict)."""
 
 import importlib.metadata
 from pathlib import Path
@@ -19,31 +19,43 @@ def load_plugin() -> list[str]:
 
 @pytest.fixture
 def battery(pytester):
-    def run(*args):
-        return pytester.runpytest_inprocess(*load_plugin(), "-p", "no:cacheprovider", "--attn-dtypes", "float32",
-                                            *args)
+    def run(*args, dtypes="float32", isolate=False):
+        return pytester.runpytest_inprocess(*load_plugin(), "-p", "no:cacheprovider", "--attn-dtypes", dtypes,
+                                            *([] if isolate else ["--attn-no-isolate"]), *args)
     return run
 
 
 def test_each_check_is_a_test_that_passes_for_a_correct_kernel(battery):
-    result = battery("--attn-impl", f"{ZOO}:attention", "--attn-only", "hand.*")
-    result.assert_outcomes(passed=5)
+    result = battery("--attn-impl", f"{ZOO}:attention", "--attn-only", "hand.uniform_logits, hand.single_token",
+                     dtypes="float32 bfloat16")  # list options take spaces, commas or both
+    result.assert_outcomes(passed=5)  # two checks in two dtypes, and the verdict
 
 
 def test_a_failing_check_shows_the_diagnosis_and_the_reproducer(battery, pytester):
     pytester.makepyfile(buggy=f"import functools, sys\nsys.path.insert(0, {str(Path(ZOO).parent)!r})\n"
                               "import zoo\nattention = functools.partial(zoo.attention, bug='lse_base2')\n")
-    result = battery("--attn-impl", "buggy.py:attention", "--attn-only", "lse.values")
-    result.assert_outcomes(failed=1)
+    result = battery("--attn-impl", "buggy.py:attention", "--attn-only", "lse.values", isolate=True)  # its default
+    result.assert_outcomes(failed=2)  # the check, and the verdict
     text = result.stdout.str()
     for expected in ("lse.values[float32]: FAIL", "-> [lse_base2] lse = 1.443 x the reference (= 1/ln 2)",
-                     "reproduce: python -m attnformal.verify --impl buggy.py:attention --replay"):
+                     "reproduce: python -m attnformal.verify --impl buggy.py:attention --replay",
+                     "verify-repro/buggy.attention/lse.values-float32.pt", "verdict: FAIL"):
         assert expected in text
 
 
-def test_unsupported_checks_are_skipped_unless_required(battery):
-    battery("--attn-impl", "sdpa-math", "--attn-only", "lse.values").assert_outcomes(skipped=1)
-    battery("--attn-impl", "sdpa-math", "--attn-only", "lse.values", "--attn-require", "lse").assert_outcomes(failed=1)
+def test_unsupported_checks_are_skipped_unless_required_and_nothing_verified_fails(battery):
+    result = battery("--attn-impl", "sdpa-math", "--attn-only", "lse.values")
+    result.assert_outcomes(skipped=1, failed=1)
+    assert "verdict: NOTHING VERIFIED" in result.stdout.str()
+    battery("--attn-impl", "sdpa-math", "--attn-only", "lse.values hand.single_token",
+            "--attn-require", "lse").assert_outcomes(passed=1, failed=2)
+
+
+def test_unknown_names_are_usage_errors(battery):
+    """The same vocabulary as the command line (tested there name by name): here, the plugin's path."""
+    result = battery("--attn-impl", "sdpa-math", "--attn-require", "bogus")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "argument --attn-require: unknown features bogus" in result.stderr.str()
 
 
 def test_without_the_option_the_plugin_adds_nothing(battery, pytester):

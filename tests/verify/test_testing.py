@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from attnformal.testing import TOLERANCES, assert_attention_close, compare_attention
+from attnformal.testing import TOLERANCES, assert_attention_close, compare_attention, format_ratio, reference_attention
 
 
 def test_close_tensors_pass_and_report_their_errors():
@@ -61,3 +61,44 @@ def test_rtol_and_atol_come_together_and_dtype_must_be_known():
 def test_shape_mismatch_is_one_clear_failure():
     c = compare_attention(torch.zeros(1, 1, 2, 3), torch.zeros(1, 1, 3, 2), dtype=torch.float32)
     assert not c.passed and "shape [1, 1, 2, 3] differs from the expected [1, 1, 3, 2]" in c.message()
+
+
+@pytest.mark.parametrize("argument, value", [("rtol", -1.0), ("rtol", math.nan), ("atol", math.inf),
+                                             ("magnitude", math.nan), ("magnitude", -2.0),
+                                             ("reference_error", math.nan), ("reference_error", math.inf)])
+def test_a_tolerance_term_that_would_pass_anything_is_an_error(argument, value):
+    r = torch.zeros(1, 1, 2, 2, dtype=torch.float64)
+    kwargs = {"rtol": 1e-3, "atol": 1e-3} if argument in ("rtol", "atol") else {}
+    kwargs[argument] = value
+    with pytest.raises(ValueError, match=f"argument '{argument}': expected"):
+        assert_attention_close(r + 1e6, r, dtype=torch.float32, **kwargs)
+    as_tensor = {**kwargs, argument: torch.full((1, 1, 2, 2), value, dtype=torch.float64)}
+    with pytest.raises(ValueError, match=f"argument '{argument}': expected finite values >= 0"):
+        compare_attention(r, r, dtype=torch.float32, **as_tensor)
+
+
+def test_a_miss_on_an_exact_zero_reads_as_such_not_as_a_huge_multiple():
+    r = torch.zeros(1, 1, 1, 4, dtype=torch.float64)
+    text = compare_attention(r + 3.0, r, dtype=torch.float32, magnitude=1e-30).message()
+    assert "over 10^4 x the tolerance: the reference is exactly 0 there" in text and "e+" not in text
+    assert format_ratio(0.25) == "0.25" and format_ratio(37.4) == "37" and format_ratio(1.1e36) == ">1e4"
+
+
+def test_reference_attention_is_the_battery_error_model_and_catches_a_bug():
+    from attnformal.verify.cases import random_case, shape
+
+    case = random_case("large", shape(1, 2, 2, 16, 40, 16), torch.float32, "cpu", 5, grad=False)
+    q, k = 30 * case.q, 30 * case.k  # logits in the thousands
+    ref = reference_attention(q, k, case.v, causal="bottom_right")
+    assert set(ref.tolerance("out")) == {"dtype", "magnitude", "reference_error"}
+    right = torch.nn.functional.scaled_dot_product_attention(q, k, case.v, attn_mask=ref_mask(q, k))
+    assert_attention_close(right, ref.values["out"], **ref.tolerance("out"))
+    with pytest.raises(AssertionError):  # the negative control: the other causal alignment
+        wrong = torch.nn.functional.scaled_dot_product_attention(q, k, case.v, is_causal=True)
+        assert_attention_close(wrong, ref.values["out"], **ref.tolerance("out"))
+
+
+def ref_mask(q, k):
+    from attnformal.spec import AttentionSpec
+
+    return AttentionSpec.from_inputs(q, k, k, causal="bottom_right").allowed()

@@ -21,6 +21,7 @@ import torch
 from attnformal.spec import AttentionSpec
 
 BLOCK_N = 32
+FLASH_ATTN_TRITON_BLOCK_N = 128  # the block of the first_block_nan specimen, as in flash_attn_triton.py
 FINITE_FILL = -1e4
 
 
@@ -63,6 +64,9 @@ ZOO = [
     Specimen("softcap_before_scale", "softcap_wrong", "softcap applied to the unscaled scores"),
     Specimen("race", "nondeterminism", "each call loses one random key block of one head (a lost update)"),
     Specimen("one_head_scale", "head_specific", "head 0 uses a scale 1.6% too large", dtype="bfloat16"),
+    # flash_attn_triton.py's bug: 128-key blocks, exp(s - m) unguarded while m = -inf
+    Specimen("first_block_nan", "nan_first_block", "NaN for a row whose first 128 keys are all masked although "
+             "later keys are allowed (rows with no key at all are handled)", dtype="float16"),
 ]
 
 _RACE = torch.Generator().manual_seed(0)  # the "race" specimen's lost update: a different block each call
@@ -174,13 +178,14 @@ def _forward(spec, weights, bug, q, k, v):
         width = spec.len_k + BLOCK_N - spec.len_k % BLOCK_N  # read past the end: zeros, and not masked
         k, v = (torch.cat([t, t.new_zeros(*t.shape[:2], width - spec.len_k, t.shape[3])], 2) for t in (k, v))
     allowed = _allowed(spec, bug, width, q.device)
+    block_n = FLASH_ATTN_TRITON_BLOCK_N if bug == "first_block_nan" else BLOCK_N
     rows = (spec.batch, spec.heads_q, spec.len_q, 1)
     m = torch.full(rows, -math.inf, dtype=cd, device=q.device)
     l = torch.zeros(rows, dtype=cd, device=q.device)
     acc = torch.zeros(*rows[:3], spec.head_dim_v, dtype=cd, device=q.device)
     lost = _lost_update(spec, width) if bug == "race" else None
-    for start in range(0, width, BLOCK_N):
-        cols = slice(start, start + BLOCK_N)
+    for start in range(0, width, block_n):
+        cols = slice(start, start + block_n)
         s, ok = _scores(spec, q, k[:, :, cols], bug), allowed[..., cols]
         if bug == "mask_after_max":
             m_new = torch.maximum(m, s.amax(-1, keepdim=True))
@@ -192,6 +197,8 @@ def _forward(spec, weights, bug, q, k, v):
             shift = torch.zeros_like(m_new)
         alpha = torch.exp(torch.where(m == -math.inf, -math.inf, m - shift)) if bug != "no_max_subtraction" \
             else torch.ones_like(m)
+        if bug == "first_block_nan":  # no guard: NaN while every key so far was masked
+            shift, alpha = m_new, torch.exp(m - m_new)
         p = torch.exp(s - shift)
         if bug == "mask_after_max":
             p = torch.where(ok, p, 0.0)
@@ -201,7 +208,7 @@ def _forward(spec, weights, bug, q, k, v):
         pw = p if weights is None else p * weights[..., cols].to(cd)
         acc = (acc if bug == "acc_not_rescaled" else alpha * acc) + pw @ v[:, :, cols]
         m = m_new
-    return _finalize(m, l, acc, bug, q.dtype)
+    return _finalize(m, l, acc, bug, q.dtype, allowed.any(-1, keepdim=True))
 
 
 def _lost_update(spec, width):
@@ -211,9 +218,9 @@ def _lost_update(spec, width):
     return b, h, n * BLOCK_N
 
 
-def _finalize(m, l, acc, bug, dtype):
+def _finalize(m, l, acc, bug, dtype, has_keys):
     """``(out, lse, lse as reported)``: the kernel keeps the true lse for its backward."""
-    seen = l > 0
+    seen = has_keys if bug == "first_block_nan" else l > 0
     l_safe = torch.where(seen, l, 1.0)
     out = acc / l if bug == "nan_empty_rows" else torch.where(seen, acc / l_safe, 0.0)
     lse = torch.where(seen, m + torch.log(l_safe), -math.inf).squeeze(-1)

@@ -35,10 +35,10 @@ def lengths(run):
     results = {}
     for n, sk in enumerate(sks):
         sq = (13, 40, sk)[n % 3] if sk <= 64 else (13, 40)[n % 2]
-        sh = shape(2, 2, 2, sq, sk, 32)
-        record = run.against_reference(run.random_case(f"Sk={sk}", sh, grad=False))
+        case = run.random_case(f"Sk={sk}", shape(2, 2, 2, sq, sk, 32), grad=False)
+        record = run.against_reference(case)
         if record is not None:
-            results[sk] = record.status
+            results[case.spec.len_k] = record.status
     _explain_ragged(run, results)
 
 
@@ -74,7 +74,7 @@ def head_dims(run):
 def noncontiguous(run):
     """Non-contiguous q, k, v ([B, S, H, D] buffers seen through a transpose, strided features)."""
     sh = shape(2, 4, 2, 37, 53, 32)
-    control = run.random_case("contiguous twin", sh, grad=False, causal="bottom_right")
+    control = run.random_case("contiguous twin", sh, grad=False, causal="bottom_right", incidental=("causal",))
     twin = control.with_(name="non-contiguous", q=non_contiguous(control.q), k=non_contiguous(control.k),
                          v=non_contiguous(control.v))
     passed_control = run.against_reference(control)
@@ -98,7 +98,8 @@ def gqa(run):
     """GQA and MQA against a reference that repeats K and V explicitly."""
     shapes = [shape(2, 8, 2, 40, 56, 32), shape(1, 6, 3, 17, 33, 16), shape(2, 4, 1, 33, 47, 32)]
     for n, sh in enumerate(shapes):
-        run.against_reference(run.random_case(f"gqa #{n}", sh, grad=False, causal="bottom_right"))
+        run.against_reference(run.random_case(f"gqa #{n}", sh, grad=False, causal="bottom_right",
+                                              incidental=("causal",)))
 
 
 # -- masks
@@ -146,6 +147,61 @@ def attn_mask(run):
                        ("[1, 1, Sq, Sk]", random_attn_mask(gen, sh, per_head=False)[:1]),
                        ("sparse 10%", random_attn_mask(gen, sh, 0.1))]:
         run.against_reference(run.random_case(name, sh, grad=False, attn_mask=mask))
+
+
+PREFIXES = (64, 128, 192, 256, 384, 512)  # masked leading keys: one, two, ... blocks of 64, 128 and 256
+
+
+def prefix_masked(gen, sh, *, per_head=True, reverse=False):
+    """A random mask (70% allowed) whose row ``i`` also masks its first ``PREFIXES[i % 6]`` keys,
+    and one row that may attend only the last 3 keys (the ragged last block)."""
+    mask = random_attn_mask(gen, sh, 0.7, per_head=per_head)
+    prefixes = PREFIXES[::-1] if reverse else PREFIXES
+    for i in range(sh.len_q):
+        mask[:, :, i, :min(prefixes[i % len(prefixes)], sh.len_k - 1)] = False
+        mask[:, :, i, -1] = True  # every row keeps a key: the point is the masked prefix, not an empty row
+    if sh.len_q > 1:
+        mask[:, :, 1, : sh.len_k - 3] = False
+    return mask
+
+
+@check("mask.across_blocks")
+def across_blocks(run):
+    """Rows whose first key blocks (64 ... 512 keys) are all masked and later keys are not: attn_mask,
+    a broadcast -inf bias pattern, windows, kv_lens with a window; several 128- and 256-key blocks."""
+    sk = run.pick(520, 1100)
+    sh = shape(2, 2, 2, run.pick(24, 64), sk, 32)
+    gen = generator(run.seed("prefix"))
+    records = [
+        run.against_reference(run.random_case("attn_mask, masked prefixes per row", sh, grad=False,
+                                              attn_mask=prefix_masked(gen, sh))),
+        run.against_reference(run.random_case("-inf bias pattern [1, 1, Sq, Sk], masked prefixes", sh, grad=False,
+                                              attn_mask=prefix_masked(gen, sh, per_head=False, reverse=True)[:1])),
+        run.against_reference(run.random_case("window (40, 0), the last keys only", sh, grad=False, window=(40, 0))),
+        run.against_reference(run.random_case("window (48, 16), Sq = Sk = 300", shape(1, 2, 2, 300, 300, 32),
+                                              grad=False, window=(48, 16))),
+        run.against_reference(run.random_case("kv_lens with a window (30, 0)", sh, grad=False,
+                                              kv_lens=[sk - 120, sk - 250], window=(30, 0))),
+    ]
+    for record in records:
+        if record is not None and record.status == "FAIL":
+            _explain_first_blocks(run, record)
+
+
+def _explain_first_blocks(run, record):
+    """NaN/Inf on exactly the rows whose first ``block`` keys are all masked (and that have keys):
+    the kernel computes exp(s - m) with m = -inf in a first block with no allowed key."""
+    bad = (~torch.isfinite(record.observed.out.double().cpu())).any(-1)  # [B, Hq, Sq]
+    if not bad.any():
+        return
+    allowed = record.case.spec.allowed().cpu()
+    has_keys = allowed.any(-1)
+    fits = [block for block in COMMON_BLOCKS
+            if torch.equal(bad, has_keys & ~allowed[..., :block].any(-1))]  # the rows that block size would break
+    if fits:
+        blocks = f"{fits[0]}" if len(fits) == 1 else f"{fits[0]} (or up to {fits[-1]})"
+        run.find("nan_first_block", STRONG, f"{record.case.name}: exactly the rows whose first {blocks} keys are all "
+                                            f"masked ({int(bad.sum())} rows, each with later keys) are NaN/Inf")
 
 
 @check("mask.combined")
@@ -237,9 +293,8 @@ def symmetric_qk(run):
 @check("structured.sparse_keys")
 def sparse_keys(run):
     """Mostly-zero keys: only every fourth key is non-zero."""
-    sh = shape(2, 2, 2, 40, 128, 32)
-    case = run.random_case("every 4th key non-zero", sh, grad=False)
-    keep = torch.zeros(sh.len_k, dtype=torch.bool)
+    case = run.random_case("every 4th key non-zero", shape(2, 2, 2, 40, 128, 32), grad=False)
+    keep = torch.zeros(case.spec.len_k, dtype=torch.bool)
     keep[::4] = True
     case.k.mul_(keep[:, None].to(case.k.dtype))
     run.against_reference(case)
@@ -263,11 +318,12 @@ def tied_max(run):
 
 
 def _scaled_case(run, name, sh, q_scale, k_scale, v_scale=1.0, **kw):
+    sh, kw, notes = run.adapt(sh, kw)
     gen = generator(run.seed(name))
     q = q_scale * randn(gen, sh.batch, sh.heads_q, sh.len_q, sh.head_dim)
     k = k_scale * randn(gen, sh.batch, sh.heads_kv, sh.len_k, sh.head_dim)
     v = v_scale * (randn(gen, sh.batch, sh.heads_kv, sh.len_k, sh.head_dim_v) + value_offsets(sh.batch, sh.heads_kv))
-    return make_case(name, q, k, v, run.dtype, run.device, run.seed(name), **kw)
+    return make_case(name, q, k, v, run.dtype, run.device, run.seed(name), **kw).with_(adapted=notes)
 
 
 @check("extreme.large_logits")
@@ -349,12 +405,12 @@ def length_growth(run):
     lens = run.pick([64, 256, 1024, 4096], [64, 256, 1024, 4096, 16384])
     errors = []
     for sk in lens:
-        sh = shape(1, 1, 1, 16, sk, 64)
-        record = run.against_reference(run.random_case(f"Sk={sk}", sh, grad=False))
+        case = run.random_case(f"Sk={sk}", shape(1, 1, 1, 16, sk, 64), grad=False)
+        record = run.against_reference(case)
         if record is None:
             continue
         out = record.comparisons[0]
-        errors.append((sk, out.max_abs, out.worst_ratio, record.status))
+        errors.append((case.spec.len_k, out.max_abs, out.worst_ratio, record.status))
     if not errors:
         return
     run.note("Sk: max |error| (x tolerance): " + ", ".join(f"{n}: {e:.2g} ({r:.2g}x)" for n, e, r, _ in errors))

@@ -25,19 +25,19 @@ SIGMAS = 5.0
 @check("dropout.p0")
 def p0(run):
     """dropout_p = 0 given explicitly: exactly the deterministic attention, forward and backward."""
-    for sh, kw in [(shape(2, 4, 2, 20, 37, 32), {"causal": "bottom_right"})]:
-        _backward_case(run, run.random_case("p = 0", sh, dropout_p=0.0, **kw))
+    _backward_case(run, run.random_case("p = 0", shape(2, 4, 2, 20, 37, 32), dropout_p=0.0, causal="bottom_right",
+                                        incidental=("causal",)))
 
 
 @check("dropout.replay")
 def replay(run):
     """A given keep-mask (p = 0.3), replayed in forward and backward (a dropout-free twin as control)."""
     sh = shape(2, 4, 2, 30, 45, 32)
-    control = _backward_case(run, run.random_case("no dropout (control)", sh, causal="bottom_right").with_(
-        role="control"))
+    control = _backward_case(run, run.random_case("no dropout (control)", sh, causal="bottom_right",
+                                                  incidental=("causal",)).with_(role="control"))
     mask = random_dropout_mask(generator(run.seed("keep")), sh, 0.3)
     record = _backward_case(run, run.random_case("p = 0.3 with a keep-mask", sh, causal="bottom_right",
-                                                 dropout_p=0.3, dropout_mask=mask))
+                                                 incidental=("causal",), dropout_p=0.3, dropout_mask=mask))
     if record is None or record.status == "pass" or control is None or control.status == "FAIL":
         return
     forward_ok = record.comparisons[0].passed
@@ -47,9 +47,8 @@ def replay(run):
 
 
 def _own_mask_case(run, name, *, grad):
-    sh = shape(2, 4, 4, 64, 64, 64)
-    case = _with_identity_values(run.random_case(name, sh, grad=grad, dropout_p=P))
-    return case
+    return _with_identity_values(run.random_case(name, shape(2, 4, 4, 64, 64, 64), grad=grad, identity_values=True,
+                                                 dropout_p=P))
 
 
 def _recovered_keep(case, out):

@@ -49,7 +49,7 @@ def uniform_logits(run):
 @check("hand.dominant_score")
 def dominant_score(run):
     """One key scores 1024 above the rest: the output is exactly that key's value."""
-    sh = shape(3, 2, 2, 6, 300, 16)
+    sh, kw, notes = run.adapt(shape(3, 2, 2, 6, 300, 16), {"scale": 1.0}, keep=("heads_kv",))
     gen = generator(run.seed("dominant"))
     q, k = randn(gen, *sh[:2], sh.len_q, sh.head_dim), 0.5 * randn(gen, sh.batch, sh.heads_kv, sh.len_k, sh.head_dim)
     v = randn(gen, sh.batch, sh.heads_kv, sh.len_k, sh.head_dim_v) + value_offsets(sh.batch, sh.heads_kv)
@@ -60,7 +60,7 @@ def dominant_score(run):
         k[b, :, j] = 0.0
         k[b, :, j, 0] = DOMINANT
     case = make_case("dominant key at 0 / middle / last", q, k, v, run.dtype, run.device, run.seed("dominant"),
-                     scale=1.0)
+                     **kw).with_(adapted=notes)
     out = torch.stack([case.v.double().cpu()[b, :, j] for b, j in enumerate(positions)])[:, :, None, :]
     run.against_reference(case, expected=_closed_form(run, case, out.expand(sh.batch, sh.heads_q, sh.len_q, -1)))
 
@@ -68,11 +68,12 @@ def dominant_score(run):
 @check("hand.masked_dominant")
 def masked_dominant(run):
     """A masked key scores 1024 above the rest: it must leave the max and the denominator."""
-    sh = shape(2, 2, 2, 8, 200, 16)
-    for name, kw, dominant_at in [
-        ("causal bottom-right, only the last row sees the dominant last key", {"causal": "bottom_right"}, (199, 199)),
-        ("dominant key in the kv_lens padding of batch 0", {"kv_lens": [150, 200]}, (170, 170)),
+    for name, kw, last in [
+        ("causal bottom-right, only the last row sees the dominant last key", {"causal": "bottom_right"}, True),
+        ("dominant key in the kv_lens padding of batch 0", {"kv_lens": [150, 200]}, False),
     ]:
+        sh, kw, notes = run.adapt(shape(2, 2, 2, 8, 200, 16), {**kw, "scale": 1.0}, keep=("heads_kv",))
+        dominant_at = (sh.len_k - 1,) * 2 if last else (170, 170)
         gen = generator(run.seed(name))
         q = randn(gen, *sh[:2], sh.len_q, sh.head_dim)
         k = torch.zeros(sh.batch, sh.heads_kv, sh.len_k, sh.head_dim, dtype=torch.float64)
@@ -80,7 +81,7 @@ def masked_dominant(run):
         q[..., 0] = DOMINANT
         for b, j in enumerate(dominant_at):
             k[b, :, j, 0] = DOMINANT
-        case = make_case(name, q, k, v, run.dtype, run.device, run.seed(name), scale=1.0, **kw)
+        case = make_case(name, q, k, v, run.dtype, run.device, run.seed(name), **kw).with_(adapted=notes)
         allowed = case.spec.allowed().cpu()
         sees = torch.stack([allowed[b, :, :, j] for b, j in enumerate(dominant_at)])  # [B, Hq, Sq]
         value = torch.stack([case.v.double().cpu()[b, :, j] for b, j in enumerate(dominant_at)])[:, :, None, :]
@@ -108,8 +109,8 @@ def _explain_masked_dominant(run, record, sees, value):
 def single_token(run):
     """One key: every row's output is that key's value (whatever its score)."""
     for name, sh in [("Sq=1 Sk=1", shape(2, 2, 2, 1, 1, 16)), ("Sq=5 Sk=1", shape(2, 2, 2, 5, 1, 16))]:
-        case = run.random_case(name, sh, grad=False)
-        out = case.v.double().cpu()[:, case.spec.kv_heads()].expand(-1, -1, sh.len_q, -1)
+        case = run.random_case(name, sh, grad=False, keep=("len_k",))
+        out = case.v.double().cpu()[:, case.spec.kv_heads()].expand(-1, -1, case.spec.len_q, -1)
         run.against_reference(case, expected=_closed_form(run, case, out))
 
 
@@ -122,7 +123,8 @@ def closed_form(run):
     rescale fails head 0 only, above 1 if the accumulator is not rescaled and below 1 if
     the denominator is not.
     """
-    n, sh = 256, shape(1, 2, 2, 4, 256, 8)
+    sh, kw, notes = run.adapt(shape(1, 2, 2, 4, 256, 8), {"scale": 1.0}, keep=("len_k", "heads_kv"))
+    n = sh.len_k
     k = torch.zeros(1, 2, n, sh.head_dim, dtype=torch.float64)
     k[..., 0] = torch.arange(n, dtype=torch.float64) / 16  # exact in bf16: 8 significant bits
     q = torch.zeros(1, 2, sh.len_q, sh.head_dim, dtype=torch.float64)
@@ -130,7 +132,7 @@ def closed_form(run):
     gen = generator(run.seed("values"))
     for name, v in [("V = 1", torch.ones(1, 2, n, sh.head_dim_v, dtype=torch.float64)),
                     ("random V", randn(gen, 1, 2, n, sh.head_dim_v))]:
-        case = make_case(name, q, k, v, run.dtype, run.device, run.seed(name), scale=1.0)
+        case = make_case(name, q, k, v, run.dtype, run.device, run.seed(name), **kw).with_(adapted=notes)
         out = _geometric_output(case.v.double().cpu(), n, sh.len_q)
         record = run.against_reference(case, expected=_closed_form(run, case, out))
         if record is not None and record.status == "FAIL" and name == "V = 1":

@@ -36,20 +36,23 @@ def _with_identity_values(case):
 def probability_cases(run):
     gen = generator(run.seed("masks"))
     sh = shape(2, 2, 2, 30, 70, 70)
-    negative = run.random_case(NEGATIVE, shape(2, 2, 2, 30, 45, 45), grad=False,
-                               scale=1.0, causal="bottom_right",
-                               attn_mask=random_attn_mask(gen, shape(2, 2, 2, 30, 45, 45), 0.7))
+
+    def identity_case(name, sh, **kw):
+        return run.random_case(name, sh, grad=False, identity_values=True, **kw)
+
+    negative = identity_case(NEGATIVE, shape(2, 2, 2, 30, 45, 45), scale=1.0, causal="bottom_right",
+                             attn_mask=random_attn_mask(gen, shape(2, 2, 2, 30, 45, 45), 0.7))
     negative.q[..., 0], negative.k[..., 0] = 1.0, -2e4
     cases = [
-        run.random_case("no mask (ragged Sk)", shape(2, 2, 2, 20, 100, 100), grad=False),
-        run.random_case("causal top-left Sq < Sk", sh, grad=False, causal="top_left"),
-        run.random_case("causal bottom-right Sq < Sk", sh, grad=False, causal="bottom_right"),
-        run.random_case("causal bottom-right Sq > Sk", shape(2, 2, 2, 70, 30, 30), grad=False, causal="bottom_right"),
-        run.random_case("causal top-left Sq > Sk", shape(2, 2, 2, 70, 30, 30), grad=False, causal="top_left"),
-        run.random_case("window (5, 2)", sh, grad=False, window=(5, 2)),
-        run.random_case("window (0, 3) + causal", sh, grad=False, window=(4, 0), causal="bottom_right"),
-        run.random_case("kv_lens", sh, grad=False, kv_lens=[70, 23]),
-        run.random_case("attn_mask", sh, grad=False, attn_mask=random_attn_mask(gen, sh, 0.5)),
+        identity_case("no mask (ragged Sk)", shape(2, 2, 2, 20, 100, 100)),
+        identity_case("causal top-left Sq < Sk", sh, causal="top_left"),
+        identity_case("causal bottom-right Sq < Sk", sh, causal="bottom_right"),
+        identity_case("causal bottom-right Sq > Sk", shape(2, 2, 2, 70, 30, 30), causal="bottom_right"),
+        identity_case("causal top-left Sq > Sk", shape(2, 2, 2, 70, 30, 30), causal="top_left"),
+        identity_case("window (5, 2)", sh, window=(5, 2)),
+        identity_case("window (0, 3) + causal", sh, window=(4, 0), causal="bottom_right"),
+        identity_case("kv_lens", sh, kv_lens=[70, 23]),
+        identity_case("attn_mask", sh, attn_mask=random_attn_mask(gen, sh, 0.5)),
         negative,
     ]
     return [_with_identity_values(c) for c in cases]
@@ -127,11 +130,12 @@ def _relation(run, case, transformed_case, map_back):
 
 
 def _grid_case(run, name, sh, **kw):
+    sh, kw, notes = run.adapt(sh, kw)
     gen = generator(run.seed(name))
     q = _grid(gen, sh.batch, sh.heads_q, sh.len_q, sh.head_dim)
     k = _grid(gen, sh.batch, sh.heads_kv, sh.len_k, sh.head_dim)
     v = randn(gen, sh.batch, sh.heads_kv, sh.len_k, sh.head_dim_v) + value_offsets(sh.batch, sh.heads_kv)
-    return make_case(name, q, k, v, run.dtype, run.device, run.seed(name), scale=0.125, **kw)
+    return make_case(name, q, k, v, run.dtype, run.device, run.seed(name), scale=0.125, **kw).with_(adapted=notes)
 
 
 @check("metamorphic.row_shift")
@@ -141,7 +145,7 @@ def row_shift(run):
         sh = shape(2, 2, 2, 24, 50, 32)
         case = _grid_case(run, "grid values" + (" + causal + kv_lens" if kw else ""), sh, **kw)
         gen = generator(run.seed("shift"))
-        c = 8.0 * torch.sign(randn(gen, 1, 1, 1, sh.head_dim))  # per-row shifts of up to ~+-30 logits
+        c = 8.0 * torch.sign(randn(gen, 1, 1, 1, case.spec.head_dim))  # per-row shifts of up to ~+-30 logits
         shifted = case.with_(name=f"{case.name}, keys + c", k=(case.k.double().cpu() + c).to(case.k))
         _relation(run, case, shifted, lambda out: out)
 
@@ -150,10 +154,10 @@ def row_shift(run):
 def key_permutation(run):
     """Permuting keys, values and mask columns together leaves every (non-causal) row unchanged."""
     sh = shape(2, 2, 2, 24, 77, 32)
-    perm = torch.randperm(sh.len_k, generator=generator(run.seed("perm")))
     mask = random_attn_mask(generator(run.seed("mask")), sh, 0.6)
     for kw in ({}, {"attn_mask": mask}):
         case = run.random_case("permuted keys" + (" + attn_mask" if kw else ""), sh, grad=False, **kw)
+        perm = torch.randperm(case.spec.len_k, generator=generator(run.seed("perm")))
         moved_kw = {"attn_mask": case.kwargs["attn_mask"][..., perm.to(run.device)]} if kw else {}
         moved = case.with_(k=case.k[:, :, perm.to(run.device)].contiguous(),
                            v=case.v[:, :, perm.to(run.device)].contiguous(), kwargs={**case.kwargs, **moved_kw})
@@ -168,9 +172,10 @@ def batch_head_permutation(run):
         if kw.get("attn_mask") is True:
             kw = {"attn_mask": random_attn_mask(generator(run.seed("mask")), sh, 0.7)}
         case = run.random_case("rotated batches and heads + " + " + ".join(kw), sh, grad=False, **kw)
-        batches = torch.roll(torch.arange(sh.batch), -1)  # new batch b is old batch b + 1: no fixed point
-        kv_heads = torch.roll(torch.arange(sh.heads_kv), -1)
-        group = sh.heads_q // sh.heads_kv
+        spec = case.spec
+        batches = torch.roll(torch.arange(spec.batch), -1)  # new batch b is old batch b + 1: no fixed point
+        kv_heads = torch.roll(torch.arange(spec.heads_kv), -1)
+        group = spec.group
         q_heads = (kv_heads[:, None] * group + torch.arange(group)).flatten()
         moved = _rotate(case, batches, q_heads, kv_heads)
         _relation(run, case, moved, lambda out: _unrotate(out, batches, q_heads))
@@ -221,7 +226,8 @@ def repeat_calls(run):
     mask = random_attn_mask(generator(run.seed("mask")), sh, 0.6)
     mask[:, :, ::4] = False
     cases = [(run.random_case("rows without keys", sh, grad=False, attn_mask=mask), False),
-             (run.random_case("gqa causal, backward", shape(2, 4, 2, 33, 47, 32), causal="bottom_right"), True)]
+             (run.random_case("gqa causal, backward", shape(2, 4, 2, 33, 47, 32), causal="bottom_right",
+                              incidental=("causal",)), True)]
     for case, backward in cases:
         first = run.observe(case, backward=backward)
         if first is None:

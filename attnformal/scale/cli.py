@@ -118,7 +118,7 @@ def run(argv, args, candidates, masks, base, sweep, settings) -> int:
     print(f"wrote {', '.join(map(str, written))}")
     for series in unmeasured:
         reasons = sorted({p.failure for p in series.points})
-        print(f"NOTHING MEASURED: {series.candidate.label} under mask {series.mask.label} refused every point "
+        print(f"NOTHING MEASURED: {series.candidate.label} under mask {series.mask.label}: every point was refused "
               f"({'; '.join(reasons)})", file=sys.stderr)
     return 1 if refused or unmeasured else 0
 

@@ -2,9 +2,10 @@
 
 Each element's error is ``|impl - value|`` against the golden value. It is reported
 
-* in ulps of the implementation's output dtype at the larger of the two magnitudes
-  (``ulp(x) = eps * 2^floor(log2 max(|x|, tiny))``; the larger, so that a near-zero
-  reference does not turn a small absolute error into billions of ulps), and
+* in ulps of the implementation's output dtype at the tensor's largest magnitude
+  (``ulp(x) = eps * 2^floor(log2 max(|x|, tiny))`` at ``x = max(max|value|, max|impl|)``):
+  the scale ``atol`` judges by, so a near-zero element's small absolute error does not read
+  as millions of ulps while it is well within tolerance, and
 * relative to the tolerance ``radius + rtol |value| + atol max|value|``: the golden's
   own rigorous radius plus a per-dtype allowance (``atol`` scales with the tensor's largest
   magnitude, so near-zero elements of a large tensor are judged on the tensor's scale).
@@ -34,8 +35,7 @@ class TensorReport:
     dtype: torch.dtype
     max_error: float
     max_error_at: tuple
-    max_ulps: float
-    max_ulps_at: tuple
+    max_ulps: float  # max_error in ulps of the dtype at the tensor's largest magnitude
     worst_ratio: float  # error / tolerance
     worst_ratio_at: tuple
     failing: int
@@ -140,8 +140,10 @@ def compare(name: str, value: torch.Tensor, ref: torch.Tensor, radius: torch.Ten
     error = torch.where(same_inf, 0.0, (x - ref).abs()).nan_to_num(nan=math.inf)
     finite_ref = torch.where(torch.isfinite(ref), ref, 0.0)
     ratio = torch.where(error == 0, 0.0, error / (radius + allowance(ref, rtol, atol)))
-    ulps = error / ulp(torch.maximum(finite_ref.abs(), x.abs().nan_to_num(posinf=0.0)), value.dtype)
-    return TensorReport(name=name, dtype=value.dtype, **_worst("max_error", error), **_worst("max_ulps", ulps),
+    worst = _worst("max_error", error)
+    largest = torch.maximum(finite_ref.abs(), x.abs().nan_to_num(posinf=0.0)).max() if ref.numel() else 0.0
+    ulps = worst["max_error"] / float(ulp(torch.as_tensor(largest, dtype=torch.float64), value.dtype))
+    return TensorReport(name=name, dtype=value.dtype, **worst, max_ulps=ulps,
                         **_worst("worst_ratio", ratio), failing=int((ratio > 1).sum()), total=ref.numel(),
                         rtol=rtol, atol=atol)
 
@@ -192,18 +194,19 @@ def _worst(label: str, values: torch.Tensor) -> dict:
 
 def format_report(report: CheckReport) -> str:
     """A table: one line per tensor with its worst error, ulps and error/tolerance."""
-    head = f"{'tensor':6} {'dtype':9} {'max |err|':>10} {'at':16} {'max ulp':>9} {'at':16} " \
+    head = f"{'tensor':6} {'dtype':9} {'max |err|':>10} {'in ulps':>9} {'at':16} " \
            f"{'err/tol':>8} {'at':16} {'failing':>14}"
     lines = [head]
     for t in report.tensors:
-        lines.append(f"{t.name:6} {str(t.dtype).removeprefix('torch.'):9} {t.max_error:10.3e} "
-                     f"{_index(t.max_error_at):16} {t.max_ulps:9.3g} {_index(t.max_ulps_at):16} "
-                     f"{t.worst_ratio:8.3g} {_index(t.worst_ratio_at):16} {f'{t.failing}/{t.total}':>14}")
+        lines.append(f"{t.name:6} {str(t.dtype).removeprefix('torch.'):9} {t.max_error:10.3e} {t.max_ulps:9.3g} "
+                     f"{_index(t.max_error_at):16} {t.worst_ratio:8.3g} {_index(t.worst_ratio_at):16} "
+                     f"{f'{t.failing}/{t.total}':>14}")
     for name, why in report.skipped:
         lines.append(f"{name:6} skipped: {why}")
     tolerances = sorted({(str(t.dtype).removeprefix("torch."), t.rtol, t.atol) for t in report.tensors})
     lines.append("tolerance: |err| <= radius + rtol*|ref| + atol*max|ref| with "
-                 + "; ".join(f"{d}: rtol={r:.3g} atol={a:.3g}" for d, r, a in tolerances))
+                 + "; ".join(f"{d}: rtol={r:.3g} atol={a:.3g}" for d, r, a in tolerances)
+                 + "; ulps of the dtype at the tensor's largest |ref|")
     lines.append("PASS" if report.passed else "FAIL")
     return "\n".join(lines)
 

@@ -4,8 +4,6 @@ implementation's failures, refusals before long work, and where and how the file
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -317,10 +315,10 @@ def test_the_estimate_extends_the_linear_regime_not_the_cold_call():
 
 
 @pytest.mark.parametrize("argv", [[], ["generate"], ["check"]])
-def test_help_fits_a_screen_with_an_example_and_the_docs_page(argv):
-    env = dict(os.environ, COLUMNS="80")
-    text = subprocess.run([sys.executable, "-m", "attnformal.reference", *argv, "--help"], capture_output=True,
-                          text=True, env=env, check=True).stdout
+def test_help_fits_a_screen_with_an_example_and_the_docs_page(argv, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    assert run([*argv, "--help"]) == 0
+    text = capsys.readouterr().out
     assert len(text.splitlines()) <= 40, text
     assert "example:\n  python -m attnformal.reference " in text
     assert "docs: docs/references-and-scale.md" in text and (ROOT / "docs" / "references-and-scale.md").is_file()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -95,10 +94,12 @@ def test_stderr_keeps_everything_but_the_profilers_start_and_stop_lines(capfd):
     assert sorted(capfd.readouterr().err.splitlines()) == ["a Python warning", "a real error"]
 
 
-def test_help_fits_a_screen_with_an_example_and_the_docs_page():
-    env = dict(os.environ, COLUMNS="80")
-    text = subprocess.run([sys.executable, "-m", "attnformal.scale", "--help"], capture_output=True, text=True,
-                          env=env, check=True).stdout
+def test_help_fits_a_screen_with_an_example_and_the_docs_page(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
     assert len(text.splitlines()) <= 40, text
     assert "example:\n  python -m attnformal.scale --impl tiled" in text
     assert "docs: docs/references-and-scale.md" in text and (ROOT / "docs" / "references-and-scale.md").is_file()

@@ -96,17 +96,20 @@ class IntList(argparse.Action):
         setattr(namespace, self.dest, ints)
 
 
-def number(*, minimum: float = -math.inf, above: float | None = None, what: str | None = None):
-    """An argparse ``type``: a finite float ``>= minimum`` (or ``> above``)."""
-    bound = f"> {above:g}" if above is not None else f">= {minimum:g}" if minimum > -math.inf else None
-    expected = what or " ".join(filter(None, ["a finite number", bound]))
+def number(*, minimum: float = -math.inf, above: float | None = None, maximum: float = math.inf,
+           what: str | None = None):
+    """An argparse ``type``: a finite float ``>= minimum`` (or ``> above``) and ``<= maximum``;
+    ``what`` names what was expected in the error (default: the bounds)."""
+    bounds = [f"> {above:g}" if above is not None else f">= {minimum:g}" if minimum > -math.inf else "",
+              f"<= {maximum:g}" if maximum < math.inf else ""]
+    expected = what or " ".join(["a finite number", " and ".join(filter(None, bounds))]).strip()
 
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             value = math.nan
-        if not math.isfinite(value) or value < minimum or (above is not None and value <= above):
+        if not (math.isfinite(value) and minimum <= value <= maximum and (above is None or value > above)):
             raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
         return value
     return parse

@@ -76,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--softcap", type=cli.number(above=0), metavar="C", help="tanh softcap of the scores")
     gen.add_argument("--dropout-p", type=cli.number(minimum=0), default=0.0, metavar="P",
                      help="dropout, with a seeded keep-mask stored in the file")
-    gen.add_argument("--attn-mask-density", type=_fraction, metavar="F",
+    gen.add_argument("--attn-mask-density", type=cli.number(minimum=0, maximum=1, what="a fraction in [0, 1]"), metavar="F",
                      help="add a seeded random bool mask, this fraction True")
     gen.add_argument("--scale", type=cli.number(), metavar="S", help="softmax scale (default 1/sqrt(D))")
     gen.add_argument("--input-scale", type=cli.number(minimum=0), default=1.0, metavar="X",
@@ -109,13 +109,6 @@ def _seed(text: str) -> int:
         value = -1
     if not 0 <= value < 2**64:
         raise argparse.ArgumentTypeError(f"expected an int in [0, 2^64), got {text!r}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    value = cli.number(minimum=0, what="a fraction in [0, 1]")(text)
-    if value > 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {text!r}")
     return value
 
 

@@ -71,7 +71,7 @@ def estimate(run: Callable[[int, Callable], object], len_q: int) -> Estimate | N
     if cold.seconds * len_q < QUICK_S:
         return None
     high, linear = measure(run, 1), 0
-    spent = cold.seconds + high.seconds
+    spent = high.seconds  # beyond the one-time costs, which the whole run pays anyway
     while True:
         low, high = high, measure(run, 2 * high.rows)
         spent += high.seconds

@@ -131,7 +131,7 @@ def _generate(args) -> int:
         sample = {name: t if name in ("k", "v") else t[:, :, :rows] for name, t in inputs.items()}
         return golden.generate(sample, max_radius=args.max_radius, prec=args.prec, progress=progress, **protocol)
 
-    estimate = cost.estimate(first_rows, shape[3])
+    estimate = cost.estimate(first_rows, shape[3], cost.available_memory())
     if estimate is not None:
         _check_estimate(estimate, dtype, args)
     start = time.perf_counter()

@@ -9,8 +9,9 @@ the rows has nearly doubled the time twice in a row -- the linear regime -- and 
 line through those two samples to ``Sq``. One cold call would count one-time costs (first
 use of a code path, fresh pages) and a whole block's cost as work per row; samples within
 one block see its scratch memory grow with the rows, which the whole case does not.
-Sampling stops earlier when it has cost a tenth of the estimated total, or at samples of
-``Sq / 8`` rows; the memory estimate then leans high.
+Sampling stops earlier when it has cost a tenth of the estimated total (unless the memory
+estimate, leaning high within one block, exceeds what is available), or at samples of
+``Sq / 8`` rows.
 
 Peak memory is the process's resident-set high-water mark above its level before the call
 (Linux: ``VmHWM`` in ``/proc/self/status``, reset through ``/proc/self/clear_refs``), so it
@@ -58,12 +59,15 @@ class Sample(NamedTuple):
     result: object
 
 
-def estimate(run: Callable[[int, Callable], object], len_q: int) -> Estimate | None:
+def estimate(run: Callable[[int, Callable], object], len_q: int, memory: int | None = None) -> Estimate | None:
     """Time and peak memory of the whole case, from runs of ``run`` on fewer rows.
 
     ``run(rows, progress)`` must compute the case with ``rows`` query rows, calling
-    ``progress(done, total)`` after each block of work. None when the case is
-    cheap (under :data:`QUICK_S` by its cold one-row call) or has fewer than :data:`MIN_ROWS` rows.
+    ``progress(done, total)`` after each block of work. ``memory``: the bytes available; while
+    the estimate exceeds it on samples within one block (where it leans high), sampling goes
+    on past its time budget, so that a refusal rests on samples spanning two blocks where
+    they fit in ``Sq / 8`` rows. None when the case is cheap (under :data:`QUICK_S` by its cold
+    one-row call) or has fewer than :data:`MIN_ROWS` rows.
     """
     if len_q < MIN_ROWS:
         return None
@@ -76,10 +80,16 @@ def estimate(run: Callable[[int, Callable], object], len_q: int) -> Estimate | N
         low, high = high, measure(run, 2 * high.rows)
         spent += high.seconds
         linear = linear + 1 if high.seconds >= LINEAR * low.seconds else 0
-        costly = spent > SAMPLED_SHARE * _extend(low.seconds, high.seconds, low.rows, len_q) \
-            or 2 * high.rows > len_q // MAX_SHARE
-        if (linear >= 2 and low.blocks >= 2) or costly:
-            break
+        result = _estimate(low, high, len_q)
+        settled = linear >= 2 and low.blocks >= 2
+        in_doubt = memory is not None and result.peak_bytes is not None and result.peak_bytes > memory \
+            and low.blocks < 2
+        over_budget = spent > SAMPLED_SHARE * result.seconds and not in_doubt
+        if settled or over_budget or 2 * high.rows > len_q // MAX_SHARE:
+            return result
+
+
+def _estimate(low: Sample, high: Sample, len_q: int) -> Estimate:
     peak = None if low.peak is None or high.peak is None else round(_extend(low.peak, high.peak, low.rows, len_q))
     return Estimate(_extend(low.seconds, high.seconds, low.rows, len_q), peak, (low.rows, high.rows), high.result)
 

@@ -216,7 +216,8 @@ def test_the_file_size_counts_every_array(tiny_file):
 
 def test_a_case_whose_sampled_peak_exceeds_the_memory_is_refused(tmp_path, capsys, monkeypatch):
     """The extrapolated peak of the sampled runs against what is available, before the full run."""
-    monkeypatch.setattr(cost, "estimate", lambda run, len_q: cost.Estimate(3600.0, 50 * 2**30, (32, 64), None))
+    estimate = cost.Estimate(3600.0, 50 * 2**30, (32, 64), None)
+    monkeypatch.setattr(cost, "estimate", lambda run, len_q, memory: estimate)
     monkeypatch.setattr(cost, "available_memory", lambda: 8 * 2**30)
     out = tmp_path / "big.npz"
     assert run(["generate", *TINY, "--out", str(out)]) == 2

@@ -90,17 +90,21 @@ def estimate(run: Callable[[int, Callable], object], len_q: int, memory: int | N
 
 
 def _estimate(low: Sample, high: Sample, len_q: int) -> Estimate:
-    peak = None if low.peak is None or high.peak is None else round(_extend(low.peak, high.peak, low.rows, len_q))
-    return Estimate(_extend(low.seconds, high.seconds, low.rows, len_q), peak, (low.rows, high.rows), high.result)
+    peak = None if low.peak is None or high.peak is None else \
+        round(_extend(low.peak, high.peak, low.rows, len_q, when_falling="flat"))
+    seconds = _extend(low.seconds, high.seconds, low.rows, len_q, when_falling="proportional")
+    return Estimate(seconds, peak, (low.rows, high.rows), high.result)
 
 
-def _extend(at_rows: float, at_twice: float, rows: int, len_q: int) -> float:
-    """The line through ``(rows, at_rows)`` and ``(2 rows, at_twice)`` at ``len_q``; proportional
-    to the larger sample when noise makes the line fall."""
+def _extend(at_rows: float, at_twice: float, rows: int, len_q: int, *, when_falling: str) -> float:
+    """The line through ``(rows, at_rows)`` and ``(2 rows, at_twice)`` at ``len_q``. Where the
+    samples show no growth, ``"proportional"`` extends the larger one in proportion to the rows
+    (for time: an upper bound, so that noise on tiny samples does not end sampling early) and
+    ``"flat"`` keeps it (for memory: nothing was seen to grow)."""
     per_row = (at_twice - at_rows) / rows
-    if per_row <= 0:
-        return at_twice * len_q / (2 * rows)
-    return max(at_rows - per_row * rows, 0.0) + per_row * len_q
+    if per_row > 0:
+        return max(at_rows - per_row * rows, 0.0) + per_row * len_q
+    return at_twice * len_q / (2 * rows) if when_falling == "proportional" else at_twice
 
 
 def measure(run: Callable[[int, Callable], object], rows: int) -> Sample:

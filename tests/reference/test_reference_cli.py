@@ -312,6 +312,26 @@ def test_the_estimate_extends_the_linear_regime_not_the_cold_call():
     assert cost.estimate(run, 8) is None  # too few rows to sample
 
 
+def test_a_memory_refusal_rests_on_samples_spanning_two_blocks(monkeypatch):
+    """Scratch memory grows with the rows only up to a block of 64 rows; sampling within one
+    block would extend that growth to all 4096 rows. With no time budget at all, sampling
+    stops at the first pair -- unless the memory available is exceeded, when it goes on until
+    its smaller run spans two blocks."""
+    def run(rows, progress):
+        scratch = bytearray(min(rows, 64) * 2**18)  # zero-filled, so resident
+        blocks = -(-rows // 64)
+        for done in range(1, blocks + 1):
+            progress(done, blocks)
+        return len(scratch)
+
+    monkeypatch.setattr(cost, "QUICK_S", 0.0)
+    monkeypatch.setattr(cost, "SAMPLED_SHARE", 0.0)
+    quick, careful = cost.estimate(run, 4096), cost.estimate(run, 4096, memory=2**20)
+    assert quick.rows == (1, 2) and careful.rows == (128, 256)
+    if careful.peak_bytes is not None:
+        assert careful.peak_bytes < 4 * 64 * 2**18 < quick.peak_bytes
+
+
 # ---------------------------------------------------------------- help
 
 

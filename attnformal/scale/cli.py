@@ -135,6 +135,8 @@ def configure(args):
     multiple = max(args.block_m, args.block_n) if args.sweep[0].startswith("N=") else 8
     sweep = parse_sweep(" ".join(args.sweep), args.per_octave, multiple)
     masks = [parse_mask(m) for m in cli.split_list(args.mask)]
+    if not masks:
+        raise ValueError(f"argument '--mask': expected at least one mask family, got {' '.join(args.mask)!r}")
     for mask in masks:
         swept_width = mask.kind == "window" and mask.width is None and mask.per_n is None
         if (sweep.param == "W") != swept_width:

@@ -67,6 +67,7 @@ def test_a_width_sweep_needs_the_window_family(tmp_path, capsys):
     (["--impl", "sdpa", "--out", os.devnull], f"argument --out: '{os.devnull}' exists and is not a folder"),
     (["--impl", "sdpa", "--threads", "-3"], "argument '--threads': expected an int >= 1, got -3"),
     (["--impl", "sdpa", "--sweep", "N=64,32"], "argument '--sweep': expected increasing values"),
+    (["--impl", "sdpa", "--mask", ","], "argument '--mask': expected at least one mask family"),
     (["--impl", "sdpa-fastest"], "argument '--impl': expected one of sdpa, sdpa-math"),
     (["--impl", "sdpa", "--vs", "sdpa"], "argument '--vs'"),
     (["--impl", "sdpa", "--mask", "window:x"], "argument '--mask'"),

@@ -1,7 +1,8 @@
 """What every ``python -m attnformal.*`` command line shares: one grammar, one-line errors, short help.
 
-* A usage error is one line, ``error: argument --x: what was expected, got what`` (exit 2), not argparse's usage block; ``--help`` fits a screen and ends with an example
-  and the docs page it belongs to.
+* A usage error is one line, ``error: argument --x: what was expected, got what`` (exit 2),
+  not argparse's usage block; ``--help`` fits a screen and ends with an example and the docs
+  page it belongs to.
 * A list option takes its items separated by spaces, commas or both, in one argument or
   several (``--mask dense,causal``, ``--mask dense causal``, ``--mask "dense, causal"``).
 * A number that bounds an error (a tolerance, a radius) must be finite and >= 0: NaN, an
@@ -34,8 +35,8 @@ class Parser(argparse.ArgumentParser):
         epilog = "\n".join(filter(None, [f"example:\n  {example}" if example else None, f"docs: {docs}"]))
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, epilog=epilog, **kwargs)
-        # argparse takes "-1,5" (--window -1,5) for an option, as it only knows plain negative numbers
-        self._negative_number_matcher = re.compile(r"^-\d+$|^-\d*\.\d+$|^-\d+(,\s*-?\d+)+$")
+        # argparse takes "-1,5" (--window -1,5) for an option: it knows negative numbers, not lists of them
+        self._negative_number_matcher = re.compile(f"{self._negative_number_matcher.pattern}|^-\\d+(,\\s*-?\\d+)+$")
 
     def error(self, message: str):
         self.exit(2, f"error: {message} (see: {self.prog} --help)\n")

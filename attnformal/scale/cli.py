@@ -2,7 +2,8 @@
 
 Exit status: 0 when every implementation got a time exponent under every mask family;
 1 when some fit was refused (too few points, or overhead-dominated) or some
-implementation refused every point of a family (nothing measured); 2 for bad arguments.
+implementation refused every point of a family (nothing measured); 2 for bad arguments;
+130 when cancelled (Ctrl-C).
 Results go to ``--out``, by default ``out/scale/<impl>`` (``out/scale/<impl>-vs-<vs>``).
 """
 
@@ -87,6 +88,9 @@ def main(argv=None) -> int:
         except ValueError as err:
             parser.error(str(err))
         return run(argv, args, *config)
+    except KeyboardInterrupt:
+        print(f"\ncancelled: nothing was written to {args.out}", file=sys.stderr)
+        return 130
     finally:
         torch.set_num_threads(threads)  # a caller in the same process (a test session) keeps its own
 

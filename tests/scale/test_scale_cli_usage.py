@@ -68,6 +68,15 @@ def test_results_go_to_a_folder_per_implementation_cleared_of_old_results(impls,
     assert args.out == Path("out/scale/tiled-vs-sdpa") and args.out.is_dir()
 
 
+def test_ctrl_c_ends_the_sweep_with_one_line(tmp_path, capsys, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr("attnformal.scale.cli.run_sweep", interrupted)
+    assert main(["--impl", "sdpa", *TINY, "--out", str(tmp_path)]) == 130
+    assert capsys.readouterr().err == f"\ncancelled: nothing was written to {tmp_path}\n"
+    assert not list(tmp_path.iterdir())
+
+
 def test_lists_take_spaces_and_commas_alike(tmp_path):
     def parsed(*argv):
         args = build_parser().parse_args(["--impl", "sdpa", "--out", str(tmp_path), *argv])

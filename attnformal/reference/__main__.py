@@ -1,38 +1,48 @@
 """``python -m attnformal.reference``: write golden files and check implementations against them.
 
-    generate --shape B,Hq,Hkv,Sq,Sk,D[,Dv] --dtype bf16 [--causal bottom_right] [--window L,R]
-             [--kv-lens N,...] [--softcap C] [--dropout-p P] [--attn-mask-density F] [--scale S]
-             [--input-scale X] [--max-radius R] [--prec BITS] --seed N --out FILE
-    check FILE --impl MODULE:FUNC [--rtol R] [--atol A] [--device DEV]
+    generate --shape B,Hq,Hkv,Sq,Sk,D[,Dv] --dtype bf16 --seed N --out FILE [options]
+    check FILE --impl IMPL [--rtol R --atol A] [--device DEV]
 
-Exit status: 0 written / passed, 1 check failed, 2 bad arguments or unusable file,
-130 cancelled (Ctrl-C; nothing is written).
+Exit status: 0 written / passed, 1 check failed (wrong values, or the implementation raised
+or broke the protocol), 2 bad arguments, an unusable file or a case that cannot be computed
+here, 130 cancelled (Ctrl-C; nothing is written).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
+import shutil
 import sys
 import time
+from pathlib import Path
 
 import torch
 
-from attnformal.impl import load_impl
-from attnformal.reference import golden
+from attnformal import cli
+from attnformal.adapters import ALIASES, resolve
+from attnformal.reference import cost, golden
 from attnformal.reference.certified import CertificationError
+from attnformal.reference.check import ImplementationError, loose_radius
 from attnformal.spec import SpecError
 
+PROG = "python -m attnformal.reference"
 DTYPES = {"fp16": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp32": torch.float32, "float32": torch.float32, "fp64": torch.float64, "float64": torch.float64}
 ESTIMATE_SHOWN_ABOVE_S = 2.0
+GENERATE_EXAMPLE = (f"{PROG} generate --shape 2,4,2,100,130,32 --dtype bf16 --causal bottom_right "
+                    "--window 40,5 --seed 3 --out case.npz")
+CHECK_EXAMPLE = f"{PROG} check case.npz --impl torch-tiled"
+
+
+class Refused(Exception):
+    """The case cannot be computed or written here; the message says why, with the numbers."""
 
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
         return args.run(args)
-    except (SpecError, golden.GoldenError, CertificationError, ValueError) as err:
+    except (SpecError, golden.GoldenError, CertificationError, Refused, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -41,96 +51,152 @@ def main(argv=None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m attnformal.reference",
-                                     description="Write golden files (seeded inputs with certified outputs, "
-                                                 "gradients and error radii) and check implementations "
-                                                 "against them. File format: attnformal/reference/golden.py.")
+    parser = cli.Parser(prog=PROG, example=f"{GENERATE_EXAMPLE}\n  {CHECK_EXAMPLE}",
+                        description="Golden files: seeded inputs with certified outputs, gradients and error "
+                                    "radii; and a check of an implementation against one.")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
-    gen = commands.add_parser("generate", help="write a golden file (inputs, certified outputs and gradients)")
-    gen.add_argument("--shape", required=True, type=_shape, help="B,Hq,Hkv,Sq,Sk,D[,Dv]")
-    gen.add_argument("--dtype", required=True, choices=sorted(DTYPES), help="input dtype")
+    gen = commands.add_parser("generate", help="write a golden file (inputs, certified outputs and gradients)",
+                              description="Write a golden file: seeded inputs, and the certified reference "
+                                          "(out, lse, dQ, dK, dV, each element with a rigorous error radius).",
+                              usage=f"{PROG} generate --shape B,Hq,Hkv,Sq,Sk,D[,Dv] --dtype DTYPE --seed N "
+                                    "--out FILE [options]", example=GENERATE_EXAMPLE)
+    gen.add_argument("--shape", required=True, action=cli.IntList, count=(6, 7), minimum=1,
+                     form="B,Hq,Hkv,Sq,Sk,D[,Dv] (6 or 7 sizes >= 1)", metavar="B,Hq,Hkv,Sq,Sk,D[,Dv]",
+                     help="sizes, each >= 1 (Dv defaults to D)")
+    gen.add_argument("--dtype", required=True, choices=DTYPES, metavar="DTYPE",
+                     help="input dtype: bf16, fp16, fp32, fp64 (or the long names)")
+    gen.add_argument("--seed", required=True, type=_seed, help="seed of every random draw (an int >= 0)")
+    gen.add_argument("--out", required=True, metavar="FILE", help="the .npz file to write (atomically)")
     gen.add_argument("--causal", default="none", choices=["none", "top_left", "bottom_right"])
-    gen.add_argument("--window", type=_ints(2), help="L,R (negative: unbounded on that side)")
-    gen.add_argument("--kv-lens", type=_ints(None), help="one key length per batch, comma-separated")
-    gen.add_argument("--softcap", type=float)
-    gen.add_argument("--dropout-p", type=float, default=0.0, help="with a seeded keep-mask stored in the file")
-    gen.add_argument("--attn-mask-density", type=_fraction, help="add a seeded random bool mask, this fraction True")
-    gen.add_argument("--scale", type=float, help="softmax scale (default 1/sqrt(D))")
-    gen.add_argument("--input-scale", type=float, default=1.0, help="inputs ~ N(0,1) times this (large: extreme logits)")
-    gen.add_argument("--max-radius", type=float, help="raise precision until every radius is at most this")
-    gen.add_argument("--prec", type=int, help="use Arb at this many bits (default: float64 tier; 128 for fp64)")
-    gen.add_argument("--seed", required=True, type=int)
-    gen.add_argument("--out", required=True, help="output .npz file")
+    gen.add_argument("--window", action=cli.IntList, count=2, form="2 comma-separated ints L,R", metavar="L,R",
+                     help="sliding window (-1: unbounded on that side)")
+    gen.add_argument("--kv-lens", action=cli.IntList, form="comma-separated ints, one key length per batch",
+                     metavar="N,...", help="one key length per batch")
+    gen.add_argument("--softcap", type=cli.number(above=0), metavar="C", help="tanh softcap of the scores")
+    gen.add_argument("--dropout-p", type=cli.number(minimum=0), default=0.0, metavar="P",
+                     help="dropout, with a seeded keep-mask stored in the file")
+    gen.add_argument("--attn-mask-density", type=cli.number(minimum=0, maximum=1, what="a fraction in [0, 1]"), metavar="F",
+                     help="add a seeded random bool mask, this fraction True")
+    gen.add_argument("--scale", type=cli.number(), metavar="S", help="softmax scale (default 1/sqrt(D))")
+    gen.add_argument("--input-scale", type=cli.number(minimum=0), default=1.0, metavar="X",
+                     help="inputs ~ N(0,1) times X (default 1; large: extreme logits)")
+    gen.add_argument("--max-radius", type=cli.number(above=0), metavar="R",
+                     help="raise the precision until every radius is <= R")
+    gen.add_argument("--prec", type=int, metavar="BITS",
+                     help="Arb at BITS bits (default: the float64 tier; 128 for fp64)")
     gen.set_defaults(run=_generate)
 
-    chk = commands.add_parser("check", help="run an implementation against a golden file")
-    chk.add_argument("file")
-    chk.add_argument("--impl", required=True, help="MODULE:FUNC or FILE.py:FUNC (the implementation protocol)")
-    chk.add_argument("--rtol", type=float, help="override the per-dtype rtol")
-    chk.add_argument("--atol", type=float, help="override the per-dtype atol (times the tensor's max |ref|)")
+    chk = commands.add_parser("check", help="run an implementation against a golden file",
+                              description="Run an implementation (forward and backward) on a golden file's "
+                                          "inputs; report each tensor's worst error in ulps and against the "
+                                          "tolerance radius + rtol*|ref| + atol*max|ref|.",
+                              usage=f"{PROG} check FILE --impl IMPL [options]", example=CHECK_EXAMPLE)
+    chk.add_argument("file", metavar="FILE", help="a golden file written by generate")
+    chk.add_argument("--impl", required=True,
+                     help=f"MODULE:FUNC, FILE.py:FUNC or an adapter: {', '.join(ALIASES)}")
+    chk.add_argument("--rtol", type=cli.tolerance, help="replace the dtype's rtol (a finite number >= 0)")
+    chk.add_argument("--atol", type=cli.tolerance, help="replace the dtype's atol (times the tensor's max |ref|)")
     chk.add_argument("--device", default="cpu", help="device the inputs are moved to (default cpu)")
     chk.set_defaults(run=_check)
     return parser
 
 
-def _shape(text: str):
-    values = _ints(None)(text)
-    if len(values) not in (6, 7) or min(values) < 0:
-        raise argparse.ArgumentTypeError("expected B,Hq,Hkv,Sq,Sk,D[,Dv] (6 or 7 non-negative ints)")
-    return tuple(values) if len(values) == 7 else (*values, values[5])
-
-
-def _fraction(text: str) -> float:
+def _seed(text: str) -> int:
     try:
-        value = float(text)
+        value = int(text)
     except ValueError:
-        value = math.nan
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {text!r}")
+        value = -1
+    if not 0 <= value < 2**64:
+        raise argparse.ArgumentTypeError(f"expected an int in [0, 2^64), got {text!r}")
     return value
-
-
-def _ints(count):
-    def parse(text: str):
-        try:
-            values = [int(part) for part in text.split(",")]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
-        if count is not None and len(values) != count:
-            raise argparse.ArgumentTypeError(f"expected {count} comma-separated ints, got {text!r}")
-        return values
-    return parse
 
 
 def _generate(args) -> int:
     dtype = DTYPES[args.dtype]
+    shape = tuple(args.shape) if len(args.shape) == 7 else (*args.shape, args.shape[5])
+    try:
+        out = cli.output_file(args.out)
+    except ValueError as err:
+        raise ValueError(f"argument --out: {err}") from None
     protocol = {"scale": args.scale, "causal": None if args.causal == "none" else args.causal,
                 "window": None if args.window is None else tuple(args.window), "kv_lens": args.kv_lens,
                 "softcap": args.softcap, "dropout_p": args.dropout_p}
-    inputs = golden.make_inputs(args.shape, dtype, args.seed, input_scale=args.input_scale,
-                                dropout_p=args.dropout_p,
+    _check_space(shape, dtype, out, args)
+    inputs = golden.make_inputs(shape, dtype, args.seed, input_scale=args.input_scale, dropout_p=args.dropout_p,
                                 attn_mask_density=args.attn_mask_density)
-    estimate = golden.estimate_seconds(inputs, prec=args.prec, **protocol)
-    if estimate > ESTIMATE_SHOWN_ABOVE_S:
-        print(f"estimated time: {_duration(estimate)} (Ctrl-C cancels; nothing is written until the end)",
-              file=sys.stderr)
+
+    def first_rows(rows: int, progress):
+        """The reference of the case's first ``rows`` query rows (every batch, head and key)."""
+        sample = {name: t if name in ("k", "v") else t[:, :, :rows] for name, t in inputs.items()}
+        return golden.generate(sample, max_radius=args.max_radius, prec=args.prec, progress=progress, **protocol)
+
+    estimate = cost.estimate(first_rows, shape[3], cost.available_memory())
+    if estimate is not None:
+        _check_estimate(estimate, dtype, args)
     start = time.perf_counter()
     result = golden.generate(inputs, max_radius=args.max_radius, prec=args.prec,
                              progress=ProgressBar(sys.stderr), **protocol)
-    generator = {"shape": list(args.shape), "input_scale": args.input_scale,
+    _check_radii(result, dtype, args)
+    generator = {"shape": list(shape), "input_scale": args.input_scale,
                  "attn_mask_density": args.attn_mask_density, "command": " ".join(sys.argv[1:])}
-    golden.save(args.out, inputs, result, seed=args.seed, generator=generator)
-    print(f"wrote {args.out}: {args.dtype} case, reference on the {result.tier} tier, largest radius "
+    golden.save(out, inputs, result, seed=args.seed, generator=generator)
+    print(f"wrote {out}: {args.dtype} case, reference on the {result.tier} tier, largest radius "
           f"{result.enclosure_radius:.3g}, in {_duration(time.perf_counter() - start)}")
     return 0
+
+
+def _check_space(shape, dtype, out, args):
+    """Refuse, before any work, a case whose golden file alone exceeds the memory or the disk."""
+    need = golden.file_bytes(shape, dtype, attn_mask=args.attn_mask_density is not None,
+                             dropout=args.dropout_p > 0)
+    memory = cost.available_memory()
+    if memory is not None and need > memory:
+        raise Refused(f"argument --shape: the golden file's arrays alone take {cli.human_bytes(need)} of memory; "
+                      f"{cli.human_bytes(memory)} are available. Reduce Sq, Sk, the batch or the heads")
+    disk = shutil.disk_usage(out.parent).free
+    if need > disk:
+        raise Refused(f"argument --out: the golden file takes up to {cli.human_bytes(need)}; "
+                      f"{out.parent} has {cli.human_bytes(disk)} free")
+
+
+def _check_estimate(estimate: cost.Estimate, dtype, args):
+    """Refuse a case that will not fit in memory, or whose first rows' radii are too loose; else
+    show the estimate when the wait is long."""
+    memory = cost.available_memory()
+    peak = estimate.peak_bytes
+    if peak is not None and memory is not None and peak > memory:
+        raise Refused(f"argument --shape: this case needs about {cli.human_bytes(peak)} of memory at its peak, "
+                      f"{cli.human_bytes(memory)} are available (and about {_duration(estimate.seconds)}; "
+                      f"{estimate.describe()}). Reduce Sq, Sk, the batch or the heads")
+    _check_radii(estimate.sample, dtype, args)
+    if estimate.seconds > ESTIMATE_SHOWN_ABOVE_S:
+        memory_text = "peak memory not measurable here" if peak is None else \
+            f"peak memory about {cli.human_bytes(peak)}" + \
+            ("" if memory is None else f" of {cli.human_bytes(memory)} available")
+        print(f"estimated time: {_duration(estimate.seconds)}, {memory_text} ({estimate.describe()}; "
+              "Ctrl-C cancels, nothing is written until the end)", file=sys.stderr, flush=True)
+
+
+def _check_radii(result, dtype, args):
+    """Refuse a reference whose radii are too loose to judge a kernel of ``dtype``."""
+    problem = loose_radius({name: (getattr(result, name), getattr(result, f"{name}_radius"))
+                            for name in result.fields()}, dtype)
+    if problem is not None:
+        scales = f"--input-scale {args.input_scale:g}" + ("" if args.scale is None else f", --scale {args.scale:g}")
+        raise Refused(f"argument --input-scale: {problem}. Logits this large ({scales}) need more precision than "
+                      f"the {result.tier} tier: lower --input-scale, or pass --max-radius R (the precision rises "
+                      f"until every radius is at most R)")
 
 
 def _check(args) -> int:
     from attnformal.reference.check import format_report, run_check
 
+    if Path(args.file).is_dir():
+        raise ValueError(f"argument FILE: {args.file!r} is a folder, expected a golden file (.npz)")
+    cli.check_device(args.device)
+    impl = resolve(args.impl)
     case = golden.load(args.file)
-    impl = load_impl(args.impl)
     spec = case.spec
     print(f"golden: {args.file} ({case.meta['dtype']}, B={spec.batch} Hq={spec.heads_q} Hkv={spec.heads_kv} "
           f"Sq={spec.len_q} Sk={spec.len_k} D={spec.head_dim} Dv={spec.head_dim_v}, causal={spec.causal}, "
@@ -140,8 +206,11 @@ def _check(args) -> int:
     try:
         report = run_check(case, impl, rtol=args.rtol, atol=args.atol, device=args.device)
     except NotImplementedError as err:
-        print(f"unsupported by the implementation: {err}", file=sys.stderr)
+        print(f"error: unsupported by the implementation: {err}", file=sys.stderr)
         return 2
+    except ImplementationError as err:
+        print(f"FAIL: {err}")
+        return 1
     print(format_report(report))
     return 0 if report.passed else 1
 

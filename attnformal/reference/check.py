@@ -2,9 +2,10 @@
 
 Each element's error is ``|impl - value|`` against the golden value. It is reported
 
-* in ulps of the implementation's output dtype at the larger of the two magnitudes
-  (``ulp(x) = eps * 2^floor(log2 max(|x|, tiny))``; the larger, so that a near-zero
-  reference does not turn a small absolute error into billions of ulps), and
+* in ulps of the implementation's output dtype at the tensor's largest magnitude
+  (``ulp(x) = eps * 2^floor(log2 max(|x|, tiny))`` at ``x = max(max|value|, max|impl|)``):
+  the scale ``atol`` judges by, so a near-zero element's small absolute error does not read
+  as millions of ulps while it is well within tolerance, and
 * relative to the tolerance ``radius + rtol |value| + atol max|value|``: the golden's
   own rigorous radius plus a per-dtype allowance (``atol`` scales with the tensor's largest
   magnitude, so near-zero elements of a large tensor are judged on the tensor's scale).
@@ -23,7 +24,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from attnformal.oracle import forward_backward
 from attnformal.reference.golden import Golden
 from attnformal.testing import tolerance_for
 
@@ -35,8 +35,7 @@ class TensorReport:
     dtype: torch.dtype
     max_error: float
     max_error_at: tuple
-    max_ulps: float
-    max_ulps_at: tuple
+    max_ulps: float  # max_error in ulps of the dtype at the tensor's largest magnitude
     worst_ratio: float  # error / tolerance
     worst_ratio_at: tuple
     failing: int
@@ -59,44 +58,123 @@ class CheckReport:
         return all(t.passed for t in self.tensors)
 
 
+class ImplementationError(Exception):
+    """The implementation raised, or broke the protocol, on the golden inputs (a FAIL, not a usage error)."""
+
+
 def run_check(golden: Golden, impl, *, rtol: float | None = None, atol: float | None = None,
               device: str = "cpu") -> CheckReport:
-    """Run ``impl`` (forward and backward) on the golden inputs and compare every output."""
+    """Run ``impl`` (forward and, if its output is differentiable, backward) on the golden inputs
+    and compare every output; :class:`ImplementationError` when it raises or breaks the protocol,
+    ``NotImplementedError`` (from ``impl``) when it does not support the case."""
+    produced, skipped = _forward_backward(golden, impl, device)
+    tensors = [compare(name, value.detach().cpu(), *golden.reference[name], rtol=rtol, atol=atol)
+               for name, value in produced.items()]
+    return CheckReport(tensors=tensors, skipped=skipped)
+
+
+def _forward_backward(golden: Golden, impl, device: str) -> tuple[dict, list]:
+    """``({name: tensor}, [(name, why skipped)])`` of ``impl`` on the golden case."""
     x = {name: t.to(device) for name, t in golden.inputs.items()}
     kwargs = {name: (value.to(device) if isinstance(value, torch.Tensor) else value)
               for name, value in golden.protocol_kwargs().items()}
-    out, lse, dq, dk, dv = forward_backward(impl, x["q"], x["k"], x["v"], x["grad_out"], **kwargs)
-    produced = {"out": out, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
-    tensors, skipped = [], []
-    for name, value in produced.items():
-        if value is None:
-            skipped.append((name, "the implementation returned none"))
-            continue
-        ref, radius = golden.reference[name]
-        if tuple(value.shape) != tuple(ref.shape):
-            raise ValueError(f"the implementation's {name} has shape {list(value.shape)}, "
-                             f"expected {list(ref.shape)}")
-        tensors.append(compare(name, value.detach().cpu(), ref, radius, rtol=rtol, atol=atol))
-    return CheckReport(tensors=tensors, skipped=skipped)
+    leaves = [x[name].detach().clone().requires_grad_(True) for name in ("q", "k", "v")]
+    try:
+        result, no_lse = _call("the implementation", impl, *leaves, return_lse=True, **kwargs), None
+    except NotImplementedError as err:  # perhaps only the lse: try without it
+        result, no_lse = _call("the implementation", impl, *leaves, **kwargs), f"not supported ({err})"
+    out, lse = result if isinstance(result, tuple) and len(result) == 2 else (result, None)
+    produced, skipped = {"out": _expect_tensor("out", out, golden)}, []
+    if lse is None:
+        skipped.append(("lse", no_lse or "the implementation returned none"))
+    else:
+        produced["lse"] = _expect_tensor("lse", lse, golden)
+    if not out.requires_grad:
+        return produced, skipped + [(name, "the output is not differentiable (forward only)")
+                                    for name in ("dq", "dk", "dv")]
+    _call("its backward", out.backward, x["grad_out"].to(out.dtype))
+    for name, leaf in zip(("dq", "dk", "dv"), leaves):
+        if leaf.grad is None:
+            skipped.append((name, f"the output does not depend on {name[1]}"))
+        else:
+            produced[name] = _expect_tensor(name, leaf.grad, golden)
+    return produced, skipped
+
+
+def _call(what: str, fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError:
+        raise
+    except Exception as err:
+        first = (str(err).strip().splitlines() or [""])[0]
+        raise ImplementationError(f"{what} raised {type(err).__name__}: {first}") from err
+
+
+def _expect_tensor(name: str, value, golden: Golden) -> torch.Tensor:
+    expected = tuple(golden.reference[name][0].shape)
+    if not isinstance(value, torch.Tensor):
+        raise ImplementationError(f"the implementation's {name} is {type(value).__name__}, expected a tensor of "
+                                  f"shape {list(expected)} (protocol: out, or (out, lse) with return_lse=True)")
+    if tuple(value.shape) != expected:
+        raise ImplementationError(f"the implementation's {name} has shape {list(value.shape)}, expected {list(expected)}")
+    return value
+
+
+def check_tolerance(name: str, value) -> float:
+    """A tolerance term (rtol, atol): a finite number >= 0; NaN, an infinity or a negative
+    value would let anything pass."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"argument '{name}': expected a finite number >= 0, got {value!r}")
+    return float(value)
 
 
 def compare(name: str, value: torch.Tensor, ref: torch.Tensor, radius: torch.Tensor, *,
             rtol: float | None = None, atol: float | None = None) -> TensorReport:
     """Error of ``value`` (its own dtype) against the golden ``ref +- radius``."""
     default_rtol, default_atol = tolerance_for(value.dtype)
-    rtol = default_rtol if rtol is None else rtol
-    atol = default_atol if atol is None else atol
+    rtol = default_rtol if rtol is None else check_tolerance("rtol", rtol)
+    atol = default_atol if atol is None else check_tolerance("atol", atol)
     x = value.to(torch.float64)
     same_inf = torch.isinf(ref) & (x == ref)  # lse of an empty row: -inf on both sides is exact
     error = torch.where(same_inf, 0.0, (x - ref).abs()).nan_to_num(nan=math.inf)
     finite_ref = torch.where(torch.isfinite(ref), ref, 0.0)
-    scale = float(finite_ref.abs().max()) if ref.numel() else 0.0
-    tolerance = radius + rtol * finite_ref.abs() + atol * scale
-    ratio = torch.where(error == 0, 0.0, error / tolerance)
-    ulps = error / ulp(torch.maximum(finite_ref.abs(), x.abs().nan_to_num(posinf=0.0)), value.dtype)
-    return TensorReport(name=name, dtype=value.dtype, **_worst("max_error", error), **_worst("max_ulps", ulps),
+    ratio = torch.where(error == 0, 0.0, error / (radius + allowance(ref, rtol, atol)))
+    worst = _worst("max_error", error)
+    largest = torch.maximum(finite_ref.abs(), x.abs().nan_to_num(posinf=0.0)).max() if ref.numel() else 0.0
+    ulps = worst["max_error"] / float(ulp(torch.as_tensor(largest, dtype=torch.float64), value.dtype))
+    return TensorReport(name=name, dtype=value.dtype, **worst, max_ulps=ulps,
                         **_worst("worst_ratio", ratio), failing=int((ratio > 1).sum()), total=ref.numel(),
                         rtol=rtol, atol=atol)
+
+
+def allowance(ref: torch.Tensor, rtol: float, atol: float) -> torch.Tensor:
+    """What a check allows beyond the golden radius: ``rtol |ref| + atol max|ref|`` (finite parts)."""
+    finite = torch.where(torch.isfinite(ref), ref, 0.0).abs()
+    return rtol * finite + atol * (float(finite.max()) if ref.numel() else 0.0)
+
+
+def loose_radius(reference: dict, dtype: torch.dtype) -> str | None:
+    """Where the golden radii are too loose to judge a ``dtype`` kernel, or None.
+
+    ``reference`` maps a name to ``(value, radius)``. A radius above the check's default
+    allowance for ``dtype`` would more than double what the check lets a kernel get wrong.
+    """
+    rtol, atol = tolerance_for(dtype)
+    worst = None  # (ratio, name, flat index, value, radius)
+    for name, (ref, radius) in reference.items():
+        ratio = torch.where(radius == 0, 0.0, radius / allowance(ref, rtol, atol)).flatten()
+        if ratio.numel() and float(ratio.max()) > max(1.0, worst[0] if worst else 0.0):
+            worst = (float(ratio.max()), name, int(torch.argmax(ratio)), ref, radius)
+    if worst is None:
+        return None
+    ratio, name, at, ref, radius = worst
+    index = tuple(int(i) for i in np.unravel_index(at, tuple(ref.shape)))
+    times = f"{ratio:.3g}x what the check allows there" if math.isfinite(ratio) else \
+        f"above what the check allows there, nothing (every midpoint of {name} is 0)"
+    return (f"the radii are too loose to judge a {str(dtype).removeprefix('torch.')} kernel: {name}'s radius "
+            f"{float(radius.flatten()[at]):.3g} at {_index(index)} (value {float(ref.flatten()[at]):.6g}) is "
+            f"{times} (rtol={rtol:g}, atol={atol:g} x max|ref|)")
 
 
 def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -116,18 +194,19 @@ def _worst(label: str, values: torch.Tensor) -> dict:
 
 def format_report(report: CheckReport) -> str:
     """A table: one line per tensor with its worst error, ulps and error/tolerance."""
-    head = f"{'tensor':6} {'dtype':9} {'max |err|':>10} {'at':16} {'max ulp':>9} {'at':16} " \
+    head = f"{'tensor':6} {'dtype':9} {'max |err|':>10} {'in ulps':>9} {'at':16} " \
            f"{'err/tol':>8} {'at':16} {'failing':>14}"
     lines = [head]
     for t in report.tensors:
-        lines.append(f"{t.name:6} {str(t.dtype).removeprefix('torch.'):9} {t.max_error:10.3e} "
-                     f"{_index(t.max_error_at):16} {t.max_ulps:9.3g} {_index(t.max_ulps_at):16} "
-                     f"{t.worst_ratio:8.3g} {_index(t.worst_ratio_at):16} {f'{t.failing}/{t.total}':>14}")
+        lines.append(f"{t.name:6} {str(t.dtype).removeprefix('torch.'):9} {t.max_error:10.3e} {t.max_ulps:9.3g} "
+                     f"{_index(t.max_error_at):16} {t.worst_ratio:8.3g} {_index(t.worst_ratio_at):16} "
+                     f"{f'{t.failing}/{t.total}':>14}")
     for name, why in report.skipped:
         lines.append(f"{name:6} skipped: {why}")
     tolerances = sorted({(str(t.dtype).removeprefix("torch."), t.rtol, t.atol) for t in report.tensors})
     lines.append("tolerance: |err| <= radius + rtol*|ref| + atol*max|ref| with "
-                 + "; ".join(f"{d}: rtol={r:.3g} atol={a:.3g}" for d, r, a in tolerances))
+                 + "; ".join(f"{d}: rtol={r:.3g} atol={a:.3g}" for d, r, a in tolerances)
+                 + "; ulps of the dtype at the tensor's largest |ref|")
     lines.append("PASS" if report.passed else "FAIL")
     return "\n".join(lines)
 

@@ -24,7 +24,6 @@ import hashlib
 import json
 import math
 import os
-import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ import numpy as np
 import torch
 
 from attnformal import __version__
+from attnformal.cli import atomic_path, output_file
 from attnformal.reference.certified import FIELDS, CertifiedResult, certified_attention
 from attnformal.spec import AttentionSpec, SpecError
 
@@ -111,35 +111,13 @@ def generate(inputs: dict, *, max_radius=None, prec=None, progress=None, **proto
                                prec=prec, progress=progress, **masks, **protocol)
 
 
-def estimate_seconds(inputs: dict, *, prec=None, **protocol) -> float:
-    """Seconds :func:`generate` will take: time a slice of the case and scale by the pair count.
-
-    The slice is one batch and head, its first 64 rows and 512 keys, with the same head dims,
-    softcap and dropout but no index masks (the work per pair does not depend on them).
-    Returns 0 for a case no larger than the slice.
-    """
-    q, k = inputs["q"], inputs["k"]
-    rows, keys = min(q.shape[2], 64), min(k.shape[2], 512)  # large enough to hide fixed costs
-    pairs = q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2]
-    if pairs <= rows * keys:
-        return 0.0  # the sample would be the whole case: not worth timing twice
-    sample = {"q": q[:1, :1, :rows], "k": k[:1, :1, :keys], "v": inputs["v"][:1, :1, :keys],
-              "grad_out": inputs["grad_out"][:1, :1, :rows]}
-    if "dropout_mask" in inputs:
-        sample["dropout_mask"] = inputs["dropout_mask"][:1, :1, :rows, :keys]
-    sample_protocol = {**protocol, "window": None, "kv_lens": None, "causal": None}
-    if prec is None:
-        prec = default_prec(q.dtype)
-    start = time.perf_counter()
-    generate(sample, prec=prec, **sample_protocol)
-    return (time.perf_counter() - start) * pairs / (rows * keys)
-
-
 # ---------------------------------------------------------------- writing
 
 
 def save(path, inputs: dict, result: CertifiedResult, *, seed: int, generator: dict) -> None:
-    """Write a golden file atomically (a cancelled or failed write leaves no file behind)."""
+    """Write a golden file atomically: a temporary file in the same folder, renamed over ``path``
+    (:func:`attnformal.cli.atomic_path`); a cancelled or failed write leaves no file behind, and
+    a folder, device, pipe or socket at ``path`` is refused (:func:`attnformal.cli.output_file`)."""
     spec = result.spec
     dtype = str(inputs["q"].dtype).removeprefix("torch.")
     arrays = {f"{name}_bits": _to_bits(inputs[name]) for name in INPUTS}
@@ -155,14 +133,21 @@ def save(path, inputs: dict, result: CertifiedResult, *, seed: int, generator: d
             "reference": {"tier": result.tier, "enclosure_radius": result.enclosure_radius,
                           "radius": RADIUS_MEANING},
             "arrays": {name: _describe(a) for name, a in arrays.items()}}
-    path = Path(path)
-    partial = path.with_name(path.name + ".partial")
-    try:
-        with open(partial, "wb") as f:
-            np.savez_compressed(f, meta=np.array(json.dumps(meta, sort_keys=True)), **arrays)
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
+    with atomic_path(output_file(path)) as partial, open(partial, "wb") as f:
+        np.savez_compressed(f, meta=np.array(json.dumps(meta, sort_keys=True)), **arrays)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def file_bytes(shape, dtype: torch.dtype, *, attn_mask: bool, dropout: bool) -> int:
+    """Bytes of the arrays a golden file of ``shape = (B, Hq, Hkv, Sq, Sk, D, Dv)`` holds,
+    uncompressed: the inputs' bits, the masks, and every reference value with its radius."""
+    batch, heads_q, heads_kv, len_q, len_k, head_dim, head_dim_v = shape
+    q_side, kv_side = batch * heads_q * len_q, batch * heads_kv * len_k
+    inputs = (q_side * (head_dim + head_dim_v) + kv_side * (head_dim + head_dim_v)) * dtype.itemsize
+    masks = (int(attn_mask) + int(dropout)) * q_side * len_k
+    reference = 2 * 8 * (q_side * (head_dim_v + 1 + head_dim) + kv_side * (head_dim + head_dim_v))
+    return inputs + masks + reference
 
 
 def _to_bits(t: torch.Tensor) -> np.ndarray:

@@ -1,8 +1,10 @@
 """``python -m attnformal.scale``: sweep one parameter, fit exponents, explain them.
 
-Exit status: 0 when every implementation that supports a mask family got a time
-exponent, 1 when some fit was refused (too few points, or overhead-dominated), 2 for
-bad arguments.
+Exit status: 0 when every implementation got a time exponent under every mask family;
+1 when some fit was refused (too few points, or overhead-dominated) or some
+implementation refused every point of a family (nothing measured); 2 for bad arguments;
+130 when cancelled (Ctrl-C).
+Results go to ``--out``, by default ``out/scale/<impl>`` (``out/scale/<impl>-vs-<vs>``).
 """
 
 from __future__ import annotations
@@ -16,63 +18,62 @@ from pathlib import Path
 
 import torch
 
+from attnformal import cli
 from attnformal.kernels.torch_tiled import DEFAULT_SCHEDULE
 from attnformal.schedule import TileSchedule
 from attnformal.scale.analysis import TOLERANCE, analyse, analyse_ratio
 from attnformal.scale.fit import OVERHEAD_FACTOR
 from attnformal.scale.measure import Device
 from attnformal.scale.problem import SWEEP_PARAMS, Problem, parse_mask, parse_sweep
-from attnformal.scale.report import ratio_table, series_table, to_json, write_csv, write_json
+from attnformal.scale.report import prepare_out, ratio_table, series_table, to_json, write_csv, write_json
 from attnformal.scale.sweep import Settings, load_candidate, run_sweep
 from attnformal.spec import SUPPORTED_DTYPES
 
+PROG = "python -m attnformal.scale"
 DEFAULT_SWEEP = "N=512..8192"  # ~1-2 minutes for the torch kernel on one CPU core
+DEFAULT_OUT = Path("out/scale")
+EXAMPLE = f"{PROG} --impl tiled --vs sdpa --mask dense causal window:256 --clock process"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m attnformal.scale",
+    p = cli.Parser(
+        prog=PROG, example=EXAMPLE, usage=f"{PROG} --impl IMPL [--vs IMPL] [--sweep P=LO..HI] [--mask M ...] [options]",
         description="Sweep one parameter of an attention implementation; fit time and memory exponents "
                     "and compare them with the work the tiling schedule predicts.")
-    p.add_argument("--impl", required=True,
-                   help="MODULE:FUNC, FILE.py:FUNC, tiled (the torch kernel, given the schedule), or an adapter "
-                        "alias of python -m attnformal.verify: sdpa, sdpa-{flash,efficient,math,cudnn}, flex, ...")
-    p.add_argument("--vs", help="a second implementation, measured interleaved with --impl at every point")
-    p.add_argument("--sweep", default=DEFAULT_SWEEP,
-                   help=f"P=LO..HI or P=V1,V2,...; P is one of: "
-                        + "; ".join(f"{k} {v}" for k, v in SWEEP_PARAMS.items()) + f" (default {DEFAULT_SWEEP})")
-    p.add_argument("--per-octave", type=int, default=2, help="points per doubling in LO..HI (default 2)")
-    p.add_argument("--mask", nargs="+", default=["dense"],
-                   help="mask families, each its own series: dense, causal, window:W (fixed), window:N/K "
-                        "(grows with N), window (with --sweep W=...). Window: query i sees keys i-W..i")
-    p.add_argument("--dtype", default="float32", choices=SUPPORTED_DTYPES)
-    p.add_argument("--device", default="cpu", help="cpu, cuda or npu (needs torch_npu)")
+    p.add_argument("--impl", required=True, help="tiled, an adapter (sdpa, flex, ...), MODULE:FUNC, FILE.py:FUNC")
+    p.add_argument("--vs", metavar="IMPL", help="a second one, measured interleaved with --impl")
+    p.add_argument("--sweep", nargs="+", default=[DEFAULT_SWEEP], metavar="P=LO..HI",
+                   help=f"or P=V1,V2,...; P: {', '.join(SWEEP_PARAMS)} (default {DEFAULT_SWEEP})")
+    p.add_argument("--per-octave", type=int, default=2, metavar="K", help="points per doubling in LO..HI (2)")
+    p.add_argument("--mask", nargs="+", default=["dense"], metavar="M",
+                   help="dense, causal, window:W, window:N/K, window (W swept)")
+    p.add_argument("--dtype", default="float32", choices=SUPPORTED_DTYPES, metavar="DTYPE",
+                   help=f"{', '.join(SUPPORTED_DTYPES)} (float32)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or npu (cpu)")
     p.add_argument("--clock", default="wall", choices=("wall", "process"),
-                   help="CPU timer: wall clock (default), or the process's CPU time, which a shared machine's "
-                        "other jobs do not inflate (with --threads 1: the time the kernel ran)")
-    p.add_argument("--backward", action="store_true", help="time forward + backward (autograd on out)")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=2)
-    p.add_argument("--heads-kv", type=int, help="KV heads (default: --heads)")
-    p.add_argument("--seq", type=int, default=2048, help="sequence length when N is not swept")
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--block-m", type=int, default=DEFAULT_SCHEDULE.block_m,
-                   help="reference schedule: the work is predicted from it, and kernels taking schedule= get it")
-    p.add_argument("--block-n", type=int, default=DEFAULT_SCHEDULE.block_n)
-    p.add_argument("--repeats", type=int, default=5, help="minimum timed repeats per point (default 5)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed calls before the repeats (default 1)")
-    p.add_argument("--min-time", type=float, default=0.2,
-                   help="seconds of samples per point: fast points get up to 10x --repeats (default 0.2)")
-    p.add_argument("--overhead-factor", type=float, default=OVERHEAD_FACTOR,
-                   help=f"points under this many times the 1-token call cost are flagged, not fitted "
-                        f"(default {OVERHEAD_FACTOR:g})")
-    p.add_argument("--tolerance", type=float, default=TOLERANCE,
-                   help=f"exponent difference called consistent beyond the 95%% interval (default {TOLERANCE})")
-    p.add_argument("--threads", type=int,
-                   help="torch CPU threads (default 1 on cpu: on a shared machine, intra-op threads "
-                        "spin-wait on busy cores and their cost, not the kernel's, sets the exponent)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the inputs and of the bootstrap")
-    p.add_argument("--out", default="out/scale", help="directory for sweep.json, sweep.csv, sweep.png")
+                   help="CPU timer: wall, or process CPU time (wall)")
+    p.add_argument("--backward", action="store_true", help="time forward + backward")
+    p.add_argument("--batch", type=int, default=1, metavar="B", help="batch (1)")
+    p.add_argument("--heads", type=int, default=2, metavar="H", help="query heads (2)")
+    p.add_argument("--heads-kv", type=int, metavar="H", help="KV heads (default: --heads)")
+    p.add_argument("--seq", type=int, default=2048, metavar="N", help="sequence length when N is not swept (2048)")
+    p.add_argument("--head-dim", type=int, default=64, metavar="D", help="head dim when D is not swept (64)")
+    p.add_argument("--block-m", type=int, default=DEFAULT_SCHEDULE.block_m, metavar="M",
+                   help=f"schedule the work is predicted from ({DEFAULT_SCHEDULE.block_m})")
+    p.add_argument("--block-n", type=int, default=DEFAULT_SCHEDULE.block_n, metavar="N",
+                   help=f"its key block ({DEFAULT_SCHEDULE.block_n})")
+    p.add_argument("--repeats", type=int, default=5, metavar="R", help="minimum timed repeats per point (5)")
+    p.add_argument("--warmup", type=int, default=1, metavar="W", help="untimed calls before them (1)")
+    p.add_argument("--min-time", type=cli.number(minimum=0), default=0.2, metavar="S",
+                   help="seconds of samples per point (0.2)")
+    p.add_argument("--overhead-factor", type=cli.number(minimum=0), default=OVERHEAD_FACTOR, metavar="F",
+                   help=f"under F x a 1-token call: not fitted ({OVERHEAD_FACTOR:g})")
+    p.add_argument("--tolerance", type=cli.tolerance, default=TOLERANCE, metavar="T",
+                   help=f"exponent difference still consistent ({TOLERANCE})")
+    p.add_argument("--threads", type=int, metavar="T", help="torch CPU threads (1 on cpu)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the inputs and the bootstrap (0)")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help=f"folder of the results (default {DEFAULT_OUT}/IMPL[-vs-IMPL])")
     return p
 
 
@@ -87,32 +88,43 @@ def main(argv=None) -> int:
         except ValueError as err:
             parser.error(str(err))
         return run(argv, args, *config)
+    except KeyboardInterrupt:
+        print(f"\ncancelled: nothing was written to {args.out}", file=sys.stderr)
+        return 130
     finally:
         torch.set_num_threads(threads)  # a caller in the same process (a test session) keeps its own
 
 
 def run(argv, args, candidates, masks, base, sweep, settings) -> int:
-    """Measure, print the tables, write JSON, CSV and PNG; 1 if a time fit was refused."""
+    """Measure, print the tables, write JSON, CSV and PNG; 1 if a time fit was refused or a
+    series measured nothing."""
     runs = run_sweep(candidates, masks, base, sweep, settings)
-    refused = False
+    refused, unmeasured = False, []
     for run in runs:
         for series in run.series:
             analysis = analyse(series, args.backward, args.tolerance, args.overhead_factor, args.seed)
             refused |= analysis.time is None and bool(series.measured())
+            if not series.measured():
+                unmeasured.append(series)
             print(series_table(series, sweep.param, settings, args.overhead_factor) + "\n")
         if len(run.series) == 2:
             analyse_ratio(run, args.tolerance, args.seed)
             print(ratio_table(run, sweep.param) + "\n")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     meta = _metadata(argv, args, base, sweep.param, settings)
-    write_json(out / "sweep.json", to_json(runs, meta))
-    write_csv(out / "sweep.csv", runs, sweep.param, settings)
-    from attnformal.scale.plot import plot_sweep  # matplotlib only when there is something to draw
+    write_json(args.out / "sweep.json", to_json(runs, meta))
+    write_csv(args.out / "sweep.csv", runs, sweep.param, settings)
+    written = [args.out / "sweep.json", args.out / "sweep.csv"]
+    if any(series.measured() for run in runs for series in run.series):
+        from attnformal.scale.plot import plot_sweep  # matplotlib only when there is something to draw
 
-    plot_sweep(out / "sweep.png", runs, sweep.param, meta["title"], args.overhead_factor)
-    print(f"wrote {out / 'sweep.json'}, {out / 'sweep.csv'}, {out / 'sweep.png'}")
-    return 1 if refused else 0
+        plot_sweep(args.out / "sweep.png", runs, sweep.param, meta["title"], args.overhead_factor)
+        written.append(args.out / "sweep.png")
+    print(f"wrote {', '.join(map(str, written))}")
+    for series in unmeasured:
+        reasons = sorted({p.failure for p in series.points})
+        print(f"NOTHING MEASURED: {series.candidate.label} under mask {series.mask.label}: every point was refused "
+              f"({'; '.join(reasons)})", file=sys.stderr)
+    return 1 if refused or unmeasured else 0
 
 
 def configure(args):
@@ -120,16 +132,15 @@ def configure(args):
     for name in ("batch", "heads", "seq", "head_dim", "block_m", "block_n", "repeats", "warmup", "per_octave"):
         if getattr(args, name) < 1:
             raise ValueError(f"argument '--{name.replace('_', '-')}': expected an int >= 1, got {getattr(args, name)}")
-    for name in ("min_time", "overhead_factor", "tolerance"):
-        if not getattr(args, name) >= 0:
-            raise ValueError(f"argument '--{name.replace('_', '-')}': expected a number >= 0, got {getattr(args, name)}")
     heads_kv = args.heads if args.heads_kv is None else args.heads_kv
     if heads_kv < 1 or args.heads % heads_kv:
         raise ValueError(f"argument '--heads-kv': expected a divisor of --heads={args.heads}, got {heads_kv}")
     # N points at multiples of the block: ragged tiles would make the local exponent zigzag.
-    multiple = max(args.block_m, args.block_n) if args.sweep.startswith("N=") else 8
-    sweep = parse_sweep(args.sweep, args.per_octave, multiple)
-    masks = [parse_mask(m) for m in args.mask]
+    multiple = max(args.block_m, args.block_n) if args.sweep[0].startswith("N=") else 8
+    sweep = parse_sweep(" ".join(args.sweep), args.per_octave, multiple)
+    masks = [parse_mask(m) for m in cli.split_list(args.mask)]
+    if not masks:
+        raise ValueError(f"argument '--mask': expected at least one mask family, got {' '.join(args.mask)!r}")
     for mask in masks:
         swept_width = mask.kind == "window" and mask.width is None and mask.per_n is None
         if (sweep.param == "W") != swept_width:
@@ -148,6 +159,9 @@ def configure(args):
         candidates.append(load_candidate(args.vs, schedule))
         if args.vs == args.impl:
             raise ValueError(f"argument '--vs': expected an implementation other than --impl, got {args.vs!r}")
+    if args.out is None:
+        args.out = DEFAULT_OUT / "-vs-".join(cli.impl_slug(c.label) for c in candidates)
+    prepare_out(args.out)
     settings = Settings(device, getattr(torch, args.dtype), args.backward, schedule, args.repeats,
                         args.warmup, args.min_time, args.seed)
     base = Problem(args.batch, args.heads, heads_kv, args.seq, args.head_dim, masks[0])

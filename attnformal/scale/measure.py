@@ -20,12 +20,18 @@ Peak memory of one call, above what was live before it:
   there is no reserved pool to report.
 
 The same profiled call records the aten operators that ran, which is how the backend an
-SDPA call picked is read (:mod:`attnformal.scale.backends`).
+SDPA call picked is read (:mod:`attnformal.scale.backends`). The profiler's own
+``USDT: ... profiler_start/stop`` lines are dropped from stderr; nothing else is.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
 import statistics
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -113,7 +119,7 @@ class Device:
         if self.name == "cuda":
             activities.append(ProfilerActivity.CUDA)  # device kernel names
         if self.backend is None:
-            with profile(activities=activities, profile_memory=True) as prof:
+            with _profiled(activities, profile_memory=True) as prof:
                 fn()
             events = prof.profiler.kineto_results.events()
             return MemoryPeak(_cpu_peak(events), None, *_names(events))
@@ -121,12 +127,56 @@ class Device:
         self.backend.empty_cache()
         self.backend.reset_peak_memory_stats()
         allocated, reserved = self.backend.memory_allocated(), self.backend.memory_reserved()
-        with profile(activities=activities) as prof:
+        with _profiled(activities) as prof:
             fn()
             self.synchronize()
         events = prof.profiler.kineto_results.events()
         return MemoryPeak(self.backend.max_memory_allocated() - allocated,
                           self.backend.max_memory_reserved() - reserved, *_names(events))
+
+
+# What torch's profiler (kineto) prints to the C-level stderr at every start and stop, e.g.
+# "USDT:2026-12-01 05:31:28 12648:12648 SyncActivityProfilerHandler.cpp:52] profiler_start".
+PROFILER_NOISE = re.compile(r"USDT:.*\] profiler_(start|stop)\s*$")
+
+
+@contextlib.contextmanager
+def _profiled(activities, **options):
+    """``torch.profiler.profile`` whose start and stop lines on stderr are dropped.
+
+    Only the profiler's own start and stop run with file descriptor 2 captured (the
+    measured call does not), and every captured line that is not :data:`PROFILER_NOISE`
+    is written back to stderr: an error the profiler reports is still seen.
+    """
+    prof = profile(activities=activities, **options)
+    with _stderr_without(PROFILER_NOISE):
+        prof.start()
+    try:
+        yield prof
+    finally:
+        with _stderr_without(PROFILER_NOISE):
+            prof.stop()
+
+
+@contextlib.contextmanager
+def _stderr_without(noise: re.Pattern):
+    """Capture file descriptor 2 (C and Python writes alike); pass on every line but ``noise``."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            kept = [line for line in capture.read().decode(errors="replace").splitlines(keepends=True)
+                    if not noise.match(line)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
 
 
 def _accelerator_module(name: str):

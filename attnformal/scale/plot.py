@@ -9,6 +9,7 @@ matplotlib.use("Agg")  # files only: no display, no GUI toolkit
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 import numpy as np  # noqa: E402
 
+from attnformal.cli import atomic_path  # noqa: E402
 from attnformal.scale.sweep import MaskRun, Series  # noqa: E402
 
 LINESTYLES = ("-", "--")  # first implementation solid, the --vs one dashed
@@ -36,7 +37,8 @@ def plot_sweep(path, runs: list[MaskRun], param: str, title: str, overhead_facto
         ax.set_yscale("log")
         ax.set_xlabel(param)
         ax.grid(True, which="both", alpha=0.25)
-        ax.legend(fontsize=7, loc="upper left")
+        if ax.get_legend_handles_labels()[0]:  # a series that measured nothing draws nothing
+            ax.legend(fontsize=7, loc="upper left")
     if with_ratio:
         axes[2].axhline(1.0, color="grey", lw=0.8)
         axes[2].set_xscale("log", base=2)
@@ -46,10 +48,12 @@ def plot_sweep(path, runs: list[MaskRun], param: str, title: str, overhead_facto
         axes[2].set_title(f"time ratio {names[0].candidate.label} / {names[1].candidate.label} "
                           "(per-repeat, median + IQR)", fontsize=10)
         axes[2].grid(True, which="both", alpha=0.25)
-        axes[2].legend(fontsize=7)
+        if axes[2].get_legend_handles_labels()[0]:
+            axes[2].legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as partial:
+        fig.savefig(partial, dpi=110, format="png")
     plt.close(fig)
 
 

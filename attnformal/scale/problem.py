@@ -72,13 +72,14 @@ class Sweep:
 
 
 def parse_sweep(text: str, per_octave: int = 2, multiple: int = 8) -> Sweep:
-    """``P=LO..HI`` (``per_octave`` geometric points per doubling) or ``P=V1,V2,...``.
+    """``P=LO..HI`` (``per_octave`` geometric points per doubling) or ``P=V1,V2,...`` (commas
+    and/or spaces between the values).
 
     Points of ``LO..HI`` at or above ``multiple`` are rounded to multiples of it (a block
     size for N keeps every point free of ragged tiles; 8 suits fused GPU kernels).
     """
     expected = f"P=LO..HI or P=V1,V2,... with P one of {', '.join(SWEEP_PARAMS)}"
-    match = re.fullmatch(r"([A-Z])=(\d+)\.\.(\d+)|([A-Z])=(\d+(?:,\d+)*)", text)
+    match = re.fullmatch(r"([A-Z])=(\d+)\.\.(\d+)|([A-Z])=(\d+(?:[,\s]+\d+)*)", text.strip())
     if not match or (match[1] or match[4]) not in SWEEP_PARAMS:
         raise ValueError(f"argument '--sweep': expected {expected}, got {text!r}")
     if match[1]:
@@ -88,7 +89,7 @@ def parse_sweep(text: str, per_octave: int = 2, multiple: int = 8) -> Sweep:
         steps = math.floor(per_octave * math.log2(hi / lo) + 1e-9)
         values = sorted({_round_size(lo * 2 ** (s / per_octave), multiple) for s in range(steps + 1)} | {hi})
         return Sweep(match[1], tuple(values))
-    values = [int(v) for v in match[5].split(",")]
+    values = [int(v) for v in re.split(r"[,\s]+", match[5])]
     if len(set(values)) != len(values) or values != sorted(values) or values[0] < 1:
         raise ValueError(f"argument '--sweep': expected increasing values >= 1, got {text!r}")
     return Sweep(match[4], tuple(values))

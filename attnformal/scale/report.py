@@ -1,29 +1,44 @@
-"""The sweep as a table, a JSON record and a CSV file."""
+"""The sweep as a table, a JSON record and a CSV file, and the folder they are written to.
+
+The folder (``out/scale/<impl>`` by default) is checked and cleared of an earlier run's
+:data:`OUTPUTS` before the first point is measured, so an output never outlives the run that
+wrote it; each file is written whole or not at all (:func:`attnformal.cli.atomic_path`).
+"""
 
 from __future__ import annotations
 
 import csv
 import json
 import math
+import sys
 from dataclasses import asdict
+from pathlib import Path
 
+from attnformal.cli import atomic_path, human_bytes, output_folder
 from attnformal.scale.analysis import MEMORY_MODELS, Analysis
 from attnformal.scale.fit import ExponentFit
 from attnformal.scale.sweep import MaskRun, Series, Settings
 from attnformal.scale.work import MODELS
 
+OUTPUTS = ("sweep.json", "sweep.csv", "sweep.png")
+
+
+def prepare_out(folder: Path):
+    """Create ``folder`` (``ValueError`` naming ``--out`` if it cannot be written) and remove an
+    earlier run's outputs from it."""
+    try:
+        output_folder(folder)
+    except ValueError as err:
+        raise ValueError(f"argument --out: {err}") from None
+    old = [folder / name for name in OUTPUTS if (folder / name).is_file()]
+    for path in old:
+        path.unlink()
+    if old:
+        print(f"{folder}: removed {', '.join(p.name for p in old)} of an earlier run", file=sys.stderr)
+
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.4g}"
-
-
-def _bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
 
 
 def _local(value: float) -> str:
@@ -52,7 +67,7 @@ def series_table(series: Series, param: str, settings: Settings, overhead_factor
         lines.append(
             f"{p.x:>7} {w.pairs:>12} {tiles:>19} {_ms(p.samples.median):>10} {_ms(q1) + '..' + _ms(q3):>19} "
             f"{_local(analysis.local[p.x]):>6} {'ovh' if p.x in analysis.flagged else '':>4} "
-            f"{_bytes(p.memory.allocated):>11} {_bytes(p.memory.reserved):>10}  {p.backend}  "
+            f"{human_bytes(p.memory.allocated):>11} {human_bytes(p.memory.reserved):>10}  {p.backend}  "
             f"[{p.problem.describe(param)}]")
     lines += fit_lines("time", analysis.time, analysis.time_refused, analysis.predicted, analysis.verdict, param)
     lines.append(f"   cost model over the unflagged points: {cost_text(analysis.costs, series)}")
@@ -154,8 +169,8 @@ CSV_FIELDS = ["impl", "mask", "param", "x", "batch", "heads_q", "heads_kv", "seq
               "peak_allocated_bytes", "peak_reserved_bytes", "backend", "failure", "ratio_median"]
 
 
-def write_csv(path, runs: list[MaskRun], param: str, settings: Settings):
-    with open(path, "w", newline="") as f:
+def write_csv(path: Path, runs: list[MaskRun], param: str, settings: Settings):
+    with atomic_path(path) as partial, open(partial, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
         writer.writeheader()
         for run in runs:
@@ -184,6 +199,6 @@ def _csv_row(s: Series, p, param, settings: Settings, flagged: bool, ratio) -> d
     return row
 
 
-def write_json(path, record: dict):
-    with open(path, "w") as f:
+def write_json(path: Path, record: dict):
+    with atomic_path(path) as partial, open(partial, "w") as f:
         json.dump(record, f, indent=1)

@@ -195,7 +195,11 @@ def _call(fn, problem: Problem, q, k, v, grad_out, backward: bool):
 
 
 def _warm_up(call, times: int, device: Device) -> tuple[float, str | None]:
-    """Run ``call`` ``times`` (>= 1) times: ``(last time, None)``, or ``(nan, why it cannot run)``."""
+    """Run ``call`` ``times`` (>= 1) times: ``(last time, None)``, or ``(nan, why it cannot run)``.
+
+    The implementation's own exceptions become the point's failure (one line in the table),
+    so one bad point -- out of memory, or a bug at one size -- does not end the sweep.
+    """
     try:
         for _ in range(times):
             last = device.time_once(call)
@@ -203,6 +207,9 @@ def _warm_up(call, times: int, device: Device) -> tuple[float, str | None]:
         return math.nan, f"unsupported: {err}"
     except torch.cuda.OutOfMemoryError:  # torch.OutOfMemoryError on every device since torch 2.5
         return math.nan, "out of memory"
+    except Exception as err:  # e.g. the CPU allocator's "can't allocate memory", or a bug at this size
+        first = (str(err).strip().splitlines() or [""])[0]
+        return math.nan, f"failed: {type(err).__name__}: {first}"
     return last, None
 
 

@@ -70,7 +70,7 @@ def test_errors_are_reported_in_ulps_and_against_the_tolerance():
     zero = torch.zeros(4, dtype=torch.float64)
     strict = compare("x", value, ref, zero, rtol=0.0, atol=0.0)
     assert strict.failing == 2 and strict.worst_ratio == float("inf")  # -inf against -inf is exact
-    assert strict.max_ulps == 128.0 and strict.max_ulps_at == (3,)  # in ulps of the value 2^-20 itself
+    assert strict.max_ulps == 0.5 and strict.max_error_at == (0,)  # 2^-7: half a bfloat16 ulp of max|ref| = 3
     assert compare("x", value[:1], ref[:1], zero[:1]).max_ulps == 1.0  # 1 + 2^-7: one bfloat16 ulp above 1
     allowed = compare("x", value, ref, zero, rtol=2.0**-7, atol=2.0**-21)  # atol counts in units of max|ref| = 3
     assert allowed.failing == 0 and 0.9 < allowed.worst_ratio < 1

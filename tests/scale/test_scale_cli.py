@@ -2,6 +2,7 @@
 
 import csv
 import json
+import os
 
 import pytest
 import torch
@@ -59,6 +60,14 @@ def test_a_width_sweep_needs_the_window_family(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--impl", "nosuch.module:f"], "argument '--impl': cannot import"),
+    (["--impl", "sdpa", "--min-time", "inf"], "argument --min-time: expected a finite number >= 0"),
+    (["--impl", "sdpa", "--tolerance", "nan"], "argument --tolerance: expected a finite number >= 0"),
+    (["--impl", "sdpa", "--tolerance", "-1"], "argument --tolerance: expected a finite number >= 0"),
+    (["--impl", "sdpa", "--overhead-factor", "inf"], "argument --overhead-factor: expected a finite number >= 0"),
+    (["--impl", "sdpa", "--out", os.devnull], f"argument --out: '{os.devnull}' exists and is not a folder"),
+    (["--impl", "sdpa", "--threads", "-3"], "argument '--threads': expected an int >= 1, got -3"),
+    (["--impl", "sdpa", "--sweep", "N=64,32"], "argument '--sweep': expected increasing values"),
+    (["--impl", "sdpa", "--mask", ","], "argument '--mask': expected at least one mask family"),
     (["--impl", "sdpa-fastest"], "argument '--impl': expected one of sdpa, sdpa-math"),
     (["--impl", "sdpa", "--vs", "sdpa"], "argument '--vs'"),
     (["--impl", "sdpa", "--mask", "window:x"], "argument '--mask'"),
@@ -72,4 +81,5 @@ def test_bad_arguments_get_one_clear_error(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err  # one line, no usage block, no traceback

@@ -1,0 +1,215 @@
+"""What every ``python -m attnformal.*`` command line shares: one grammar, one-line errors, short help.
+
+* A usage error is one line, ``error: argument --x: what was expected, got what`` (exit 2),
+  not argparse's usage block; ``--help`` fits a screen and ends with an example and the docs
+  page it belongs to.
+* A list option takes its items separated by spaces, commas or both, in one argument or
+  several (``--mask dense,causal``, ``--mask dense causal``, ``--mask "dense, causal"``).
+* A number that bounds an error (a tolerance, a radius) must be finite and >= 0: NaN, an
+  infinity or a negative one would pass anything.
+* An output file is written under a temporary name in its own folder and renamed over the
+  target when complete (:func:`atomic_path`): a cancelled run leaves no partial file, and a
+  symlink is replaced, never its target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import re
+import shutil
+import stat
+import tempfile
+import textwrap
+from pathlib import Path
+
+DOCS = "docs/references-and-scale.md"
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line naming the argument (exit 2)."""
+
+    def __init__(self, *args, example: str | None = None, docs: str = DOCS, **kwargs):
+        epilog = "\n".join(filter(None, [f"example:\n  {example}" if example else None, f"docs: {docs}"]))
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, epilog=epilog, **kwargs)
+        # argparse takes "-1,5" (--window -1,5) for an option: it knows negative numbers, not lists of them
+        self._negative_number_matcher = re.compile(f"{self._negative_number_matcher.pattern}|^-\\d+(,\\s*-?\\d+)+$")
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see: {self.prog} --help)\n")
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Options one per line where they fit; text wrapped by line, example lines kept as written."""
+
+    def __init__(self, prog, **kwargs):
+        super().__init__(prog, max_help_position=30, width=min(100, _terminal_width()), **kwargs)
+
+    def _fill_text(self, text, width, indent):
+        return "\n".join(line if line.startswith("  ") else textwrap.fill(line, width, initial_indent=indent,
+                                                                           subsequent_indent=indent)
+                         for line in text.splitlines())
+
+    def _format_args(self, action, default_metavar):
+        if action.nargs == "+":  # a list option: its metavar says the form, without argparse's "[X ...]"
+            return self._metavar_formatter(action, default_metavar)(1)[0]
+        return super()._format_args(action, default_metavar)
+
+
+def _terminal_width() -> int:
+    return max(60, shutil.get_terminal_size().columns - 2)
+
+
+def split_list(values) -> list[str]:
+    """Items of a list option: a string or strings, split on spaces and commas."""
+    if values is None:
+        return []
+    if isinstance(values, str):
+        values = [values]
+    return [part for value in values for part in re.split(r"[,\s]+", value) if part]
+
+
+class IntList(argparse.Action):
+    """``nargs="+"`` ints, separated by spaces and/or commas: ``--window 40,5`` or ``--window -1 5``.
+
+    ``form`` is what the error message says was expected; ``count`` an int or a tuple of the
+    accepted lengths; ``minimum`` the smallest accepted item.
+    """
+
+    def __init__(self, option_strings, dest, *, form="ints", count=None, minimum=None, **kwargs):
+        self.form, self.minimum = form, minimum
+        self.counts = (count,) if isinstance(count, int) else count
+        super().__init__(option_strings, dest, nargs="+", **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        text = " ".join(values)
+        try:
+            ints = [int(part) for part in split_list(values)]
+        except ValueError:
+            ints = None
+        if ints is None or (self.counts is not None and len(ints) not in self.counts):
+            raise argparse.ArgumentError(self, f"expected {self.form}, got {text!r}")
+        if self.minimum is not None and ints and min(ints) < self.minimum:
+            raise argparse.ArgumentError(self, f"expected {self.form}, got {text!r} ({min(ints)} < {self.minimum})")
+        setattr(namespace, self.dest, ints)
+
+
+def number(*, minimum: float = -math.inf, above: float | None = None, maximum: float = math.inf,
+           what: str | None = None):
+    """An argparse ``type``: a finite float ``>= minimum`` (or ``> above``) and ``<= maximum``;
+    ``what`` names what was expected in the error (default: the bounds)."""
+    bounds = [f"> {above:g}" if above is not None else f">= {minimum:g}" if minimum > -math.inf else "",
+              f"<= {maximum:g}" if maximum < math.inf else ""]
+    expected = what or " ".join(["a finite number", " and ".join(filter(None, bounds))]).strip()
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and minimum <= value <= maximum and (above is None or value > above)):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+    return parse
+
+
+tolerance = number(minimum=0.0)  # rtol, atol, radii: NaN, infinities and negatives would pass anything
+
+
+def check_device(device: str, option: str = "--device") -> str:
+    """``device`` can hold a tensor here, or a ``ValueError`` naming ``option``."""
+    import torch
+
+    try:
+        torch.empty(0, device=device)
+    except Exception as err:  # RuntimeError, or AssertionError from a torch built without CUDA
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ValueError(f"argument {option}: {device!r} is not usable here ({first})") from None
+    return device
+
+
+def impl_slug(target: str) -> str:
+    """A folder name for an implementation: ``examples/bug.py:attention`` -> ``bug.attention``."""
+    where, _, name = target.rpartition(":")
+    if where.endswith(".py"):
+        where = Path(where).stem
+    text = f"{where}.{name}" if where else name
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "impl"
+
+
+def human_bytes(n: float | None) -> str:
+    """Bytes for a person: ``1.4 GiB`` (``-`` for None)."""
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+@contextlib.contextmanager
+def atomic_path(path: Path):
+    """``with atomic_path(path) as tmp:`` write ``tmp``; when the block completes, ``tmp`` is renamed
+    over ``path`` (one atomic step, same folder); if it raises, ``tmp`` is removed."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 -> what open() would have given
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
+def output_file(path) -> Path:
+    """``path`` as :func:`atomic_path` will write it, or ``ValueError`` saying why it cannot be.
+
+    An existing regular file or symlink is replaced whole (a symlink's target is never
+    written); a folder, a device, a pipe or a socket is refused, as is a folder that is
+    missing or in which this process cannot create a file (tried, not read from permission bits).
+    """
+    path = Path(path)
+    if not path.name or path.name in (".", ".."):
+        raise ValueError(f"expected a file name, got {str(path)!r}")
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        mode = path.lstat().st_mode
+        if stat.S_ISDIR(mode):
+            raise ValueError(f"{str(path)!r} is a folder, expected a file name")
+        if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+            raise ValueError(f"{str(path)!r} is not a regular file (a device, pipe or socket); it is never replaced")
+    folder = path.parent
+    if not folder.is_dir():
+        raise ValueError(f"the folder {str(folder)!r} {'is not a folder' if folder.exists() else 'does not exist'}")
+    _try_writing(folder)
+    return path
+
+
+def output_folder(path) -> Path:
+    """``path`` as a folder this process can write in (created if missing), or ``ValueError``."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{str(path)!r} exists and is not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"cannot create the folder {str(path)!r} ({err.strerror or err})") from None
+    _try_writing(path)
+    return path
+
+
+def _try_writing(folder: Path):
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".attnformal.", suffix=".probe")
+    except OSError as err:
+        raise ValueError(f"cannot create a file in {str(folder)!r} ({err.strerror or err})") from None
+    os.close(fd)
+    os.unlink(probe)

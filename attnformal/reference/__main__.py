@@ -2,7 +2,8 @@
 
     generate --shape B,Hq,Hkv,Sq,Sk,D[,Dv] --dtype bf16 [--causal bottom_right] [--window L,R]
              [--kv-lens N,...] [--softcap C] [--dropout-p P] [--attn-mask-density F] [--scale S]
-             [--input-scale X] [--max-radius R] [--prec BITS] --seed N --out FILE
+             [--input-scale X] [--max-radius R] [--prec BITS] [--workers N | --cluster ADDRESS]
+             --seed N --out FILE
     check FILE --impl MODULE:FUNC [--rtol R] [--atol A] [--device DEV]
 
 Exit status: 0 written / passed, 1 check failed, 2 bad arguments or unusable file,
@@ -18,6 +19,7 @@ import time
 
 import torch
 
+from attnformal.distributed import EngineMissing, open_executor
 from attnformal.impl import load_impl
 from attnformal.reference import golden
 from attnformal.reference.certified import CertificationError
@@ -32,7 +34,7 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
         return args.run(args)
-    except (SpecError, golden.GoldenError, CertificationError, ValueError) as err:
+    except (SpecError, golden.GoldenError, CertificationError, ValueError, EngineMissing) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -60,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--input-scale", type=float, default=1.0, help="inputs ~ N(0,1) times this (large: extreme logits)")
     gen.add_argument("--max-radius", type=float, help="raise precision until every radius is at most this")
     gen.add_argument("--prec", type=int, help="use Arb at this many bits (default: float64 tier; 128 for fp64)")
+    gen.add_argument("--workers", type=int, help="run the float64 tier's tiles on a local Dask cluster of N worker "
+                                                 "processes (pip install 'attnformal[distributed]'); same result")
+    gen.add_argument("--cluster", metavar="ADDRESS", help="run them on the Dask scheduler at ADDRESS (tcp://host:port)")
     gen.add_argument("--seed", required=True, type=int)
     gen.add_argument("--out", required=True, help="output .npz file")
     gen.set_defaults(run=_generate)
@@ -116,8 +121,9 @@ def _generate(args) -> int:
         print(f"estimated time: {_duration(estimate)} (Ctrl-C cancels; nothing is written until the end)",
               file=sys.stderr)
     start = time.perf_counter()
-    result = golden.generate(inputs, max_radius=args.max_radius, prec=args.prec,
-                             progress=ProgressBar(sys.stderr), **protocol)
+    with open_executor(args.workers, args.cluster) as executor:
+        result = golden.generate(inputs, max_radius=args.max_radius, prec=args.prec, executor=executor,
+                                 progress=ProgressBar(sys.stderr), **protocol)
     generator = {"shape": list(args.shape), "input_scale": args.input_scale,
                  "attn_mask_density": args.attn_mask_density, "command": " ".join(sys.argv[1:])}
     golden.save(args.out, inputs, result, seed=args.seed, generator=generator)

@@ -82,8 +82,9 @@ class Balls:
         if self.exact and other.exact:  # bitwise-equal exact floats: exactly 0
             same = self.mid.view(torch.int64) == other.mid.view(torch.int64)
             diff = _keep(diff, same & torch.isfinite(self.mid), Balls(torch.zeros_like(diff.mid)))
-        # -inf minus a finite ball is exactly -inf
-        masked = _is(self, NEG_INF) & torch.isfinite(other.mid) & torch.isfinite(other.rad)
+        masked = _is(self, NEG_INF)  # -inf minus a finite ball is exactly -inf
+        if masked is not None:
+            masked = masked & torch.isfinite(other.mid) & torch.isfinite(other.rad)
         return _keep(diff, masked, Balls(torch.full_like(diff.mid, NEG_INF)))
 
     def __rsub__(self, other) -> Balls:
@@ -93,9 +94,11 @@ class Balls:
         other = _lift(other)
         product = Balls.of(fb.mul(self.ball, other.ball))
         for a, b in ((self, other), (other, self)):
-            finite = torch.isfinite(b.mid) & torch.isfinite(b.rad)
             product = _keep(product, _is(a, 1.0), b)  # 1 * b = b
-            product = _keep(product, _is(a, 0.0) & finite, Balls(torch.zeros_like(product.mid)))  # 0 * b = 0
+            zero = _is(a, 0.0)
+            if zero is not None:  # 0 * b = 0 for finite b
+                zero = zero & torch.isfinite(b.mid) & torch.isfinite(b.rad)
+            product = _keep(product, zero, Balls(torch.zeros_like(product.mid)))
         return product
 
     __rmul__ = __mul__
@@ -137,14 +140,21 @@ def _lift(x) -> Balls:
     return Balls(torch.as_tensor(x, dtype=torch.float64))
 
 
-def _is(a: Balls, value: float) -> torch.Tensor:
-    """Where ``a`` is exactly ``value``."""
-    return (a.mid == value) & (a.rad == 0)
+def _is(a: Balls, value: float) -> torch.Tensor | None:
+    """Where ``a`` is exactly ``value``; None when nowhere (checked cheaply first: no radius is 0)."""
+    if a.exact:
+        where = a.mid == value
+    else:
+        where = a.rad == 0
+        if not bool(where.any()):
+            return None
+        where &= a.mid == value
+    return where if bool(where.any()) else None
 
 
-def _keep(result: Balls, where: torch.Tensor, exact: Balls) -> Balls:
+def _keep(result: Balls, where: torch.Tensor | None, exact: Balls) -> Balls:
     """``result``, replaced by the (tighter, equally rigorous) ``exact`` ball where ``where`` holds."""
-    if not bool(where.any()):
+    if where is None:
         return result
     mid = torch.where(where, exact.mid, result.mid)
     return Balls(mid, torch.where(where, exact.rad, result.rad).expand_as(mid))
@@ -204,7 +214,7 @@ class _BallOps:
 
     @staticmethod
     def is_neg_inf(a):
-        return _is(a, NEG_INF)
+        return (a.mid == NEG_INF) & (a.rad == 0)
 
     @staticmethod
     def rowmax(s):
@@ -216,7 +226,9 @@ class _BallOps:
     @staticmethod
     def rowsum(p):
         total = Balls.of(fb.sum_dim(p.ball, -1))
-        zeros = _is(p, 0.0).all(dim=-1, keepdim=True)  # a sum of exact zeros is exactly 0
+        zeros = _is(p, 0.0)  # a sum of exact zeros is exactly 0
+        if zeros is not None:
+            zeros = zeros.all(dim=-1, keepdim=True)
         return _keep(total, zeros, Balls(torch.zeros_like(total.mid)))
 
     @staticmethod

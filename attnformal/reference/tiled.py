@@ -43,10 +43,25 @@ from attnformal.schedule import FULL, TileSchedule
 from attnformal.spec import AttentionSpec
 from attnformal.tile import tile_grads, tile_scores
 
-SCHEDULE = TileSchedule(block_m=256, block_n=512)  # large tiles: Python's cost per tile is fixed
-CHUNK_ROWS = 2048  # query rows per task (a multiple of block_m)
-PART_KEYS = 4096  # keys per task (a multiple of block_n)
 TASK_THREADS = 1  # torch threads inside a task: parallelism comes from tasks, results from one path
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """Tiles and tasks: the schedule's tiles, query rows and keys per task (multiples of the tiles).
+
+    The defaults use large tiles (Python's cost per tile is fixed) and tasks of a few seconds.
+    The result depends on the tiling (rounding follows the merge order), never on the executor.
+    """
+
+    schedule: TileSchedule = TileSchedule(block_m=256, block_n=512)
+    chunk_rows: int = 2048
+    part_keys: int = 4096
+
+    def __post_init__(self):
+        if self.chunk_rows % self.schedule.block_m or self.part_keys % self.schedule.block_n:
+            raise ValueError(f"Tiling: chunk_rows ({self.chunk_rows}) and part_keys ({self.part_keys}) must be "
+                             f"multiples of block_m ({self.schedule.block_m}) and block_n ({self.schedule.block_n})")
 
 
 @dataclass(frozen=True)
@@ -59,21 +74,23 @@ class Problem:
     v: torch.Tensor
     grad_out: torch.Tensor | None
     kappa: fb.Ball | None  # 1 / (1 - p) with dropout
-    schedule: TileSchedule = SCHEDULE
-    chunk_rows: int = CHUNK_ROWS
-    part_keys: int = PART_KEYS
+    tiling: Tiling = Tiling()
+
+    @property
+    def schedule(self) -> TileSchedule:
+        return self.tiling.schedule
 
     def tasks(self) -> list[Task]:
         """The task grid, in the order every reduction follows: group, then chunk, then part."""
-        spec = self.spec
-        return [Task(batches, (r0, min(r0 + self.chunk_rows, spec.len_q)), (k0, min(k0 + self.part_keys, spec.len_k)))
+        spec, rows, keys = self.spec, self.tiling.chunk_rows, self.tiling.part_keys
+        return [Task(batches, (r0, min(r0 + rows, spec.len_q)), (k0, min(k0 + keys, spec.len_k)))
                 for batches in _groups(spec)
-                for r0 in range(0, spec.len_q, self.chunk_rows)
-                for k0 in range(0, max(spec.len_k, 1), self.part_keys)]
+                for r0 in range(0, spec.len_q, rows)
+                for k0 in range(0, max(spec.len_k, 1), keys)]
 
     @property
     def parts(self) -> int:
-        return max(1, math.ceil(self.spec.len_k / self.part_keys))
+        return max(1, math.ceil(self.spec.len_k / self.tiling.part_keys))
 
 
 @dataclass(frozen=True)

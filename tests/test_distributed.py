@@ -1,4 +1,4 @@
-"""The certified reference on a local Dask cluster of 2 workers reproduces the single-process result bitwise.
+"""Executors, and the certified reference on a local Dask cluster of 2 workers: bitwise the single-process result.
 
 Why bitwise: the task grid depends on the problem and the tiling only, every reduction (the
 merge of the parts' states, the sums of dQ, dK, dV) runs in the driver in task order, and each
@@ -20,7 +20,7 @@ from attnformal.reference import certified_attention
 from attnformal.reference.__main__ import main
 from attnformal.reference.tiled import Tiling
 from attnformal.schedule import TileSchedule
-from reference_cases import case
+from attnformal.reference.golden import make_inputs
 
 FIELDS = ("out", "lse", "dq", "dk", "dv")
 SMALL = Tiling(TileSchedule(block_m=4, block_n=8), chunk_rows=8, part_keys=16)
@@ -54,8 +54,9 @@ def _scaled(factor, item):
 
 
 def test_two_workers_reproduce_the_single_process_result_bitwise(cluster):
-    x, kwargs = case((3, 4, 2, 23, 41, 8, 5), torch.bfloat16, 7, causal="bottom_right", window=(12, 2),
-                     kv_lens=[41, 30, 41], dropout_p=0.2)
+    x = make_inputs((3, 4, 2, 23, 41, 8, 5), torch.bfloat16, 7, dropout_p=0.2)
+    kwargs = {"causal": "bottom_right", "window": (12, 2), "kv_lens": [41, 30, 41], "dropout_p": 0.2,
+              "dropout_mask": x["dropout_mask"]}
     args = (x["q"], x["k"], x["v"], x["grad_out"])
     local = certified_attention(*args, tiling=SMALL, executor=InProcess(), **kwargs)
     remote = certified_attention(*args, tiling=SMALL, executor=cluster, **kwargs)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import platform
 import resource
 import subprocess
@@ -126,6 +127,7 @@ def one_run(path: str, n: int, dim: int, workers: int) -> dict:
         if workers:  # workers import torch and attnformal on their first task: not part of the cost measured
             executor.client.run(importlib.import_module, "attnformal.reference.tiled")
         startup = time.perf_counter() - start
+        worker_cpu = executor.client.run(time.process_time) if workers else {}
         cpu, wall = time.process_time(), time.perf_counter()
         if path == "oracle":
             forward_backward(attention_oracle, *(t.double() for t in (q, k, v, do)))
@@ -133,7 +135,9 @@ def one_run(path: str, n: int, dim: int, workers: int) -> dict:
         else:
             radius = certified_attention(q, k, v, do, executor=executor).enclosure_radius
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    return {"cpu_s": cpu, "wall_s": wall, "startup_s": startup, "radius": radius,
+        worker_cpu = sorted(t - worker_cpu[w] for w, t in executor.client.run(time.process_time).items()) \
+            if workers else []
+    return {"cpu_s": cpu, "wall_s": wall, "startup_s": startup, "radius": radius, "worker_cpu_s": worker_cpu,
             "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "worker_peak_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
 
@@ -163,10 +167,12 @@ def workers_compare(n, dim, threads):
         r = in_child("certified-tiled", n, dim, threads, workers)
         walls[workers] = r["wall_s"]
         label = "in process" if workers == 0 else f"{workers} worker(s)"
-        workers_note = f", cluster start {r['startup_s']:.1f} s, worker peak {r['worker_peak_mib']:.0f} MiB" \
-            if workers else ""
+        busy = ", ".join(f"{t:.1f}" for t in r["worker_cpu_s"])
+        workers_note = f", worker CPU [{busy}] s, cluster start {r['startup_s']:.1f} s, worker peak " \
+                       f"{r['worker_peak_mib']:.0f} MiB" if workers else ""
         print(f"  {label:12} wall {r['wall_s']:8.1f} s  driver CPU {r['cpu_s']:7.1f} s  driver peak "
               f"{r['peak_mib']:6.0f} MiB{workers_note}", flush=True)
+    print(f"  load average while measuring: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     scale = (131072 / n) ** 2
     print(f"  extrapolated to N=131072 (x{scale:.0f}, c N^2): in process ~{walls[0] * scale / 3600:.1f} h, "
           f"2 workers ~{walls[2] * scale / 3600:.1f} h; speed-up 1 -> 2 workers {walls[1] / walls[2]:.2f}x")

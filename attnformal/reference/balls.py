@@ -114,6 +114,8 @@ class Balls:
             if not other.exact:
                 raise TypeError("Balls @ Balls: the right operand must be exact (the inputs q, k, v, dO)")
             other = other.mid
+        if self.exact:
+            return Balls.of(fb.dot(self.mid, other))
         return Balls.of(fb.matmul(self.ball, other))
 
     def __gt__(self, x) -> torch.Tensor:

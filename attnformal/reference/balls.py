@@ -19,7 +19,8 @@ facts, each true for every point of the operands, keep them exact:
 
 * ``-inf`` (a masked score, the empty state's ``m``) minus a finite ball is exactly ``-inf``,
   and ``exp(-inf) = 0`` exactly;
-* ``0 * b = 0`` and ``1 * b = b`` for any finite ball ``b``; ``0 + b = b - 0 = b``; ``exp(0) = 1``;
+* ``0 * b = 0`` and ``1 * b = b`` for any finite ball ``b`` (checked for per-row factors, such as
+  the merge's rescalings); ``0 + b = b - 0 = b``; ``exp(0) = 1``;
 * ``a - a = 0`` for bitwise-equal exact floats (the merge's ``m - shift`` when ``m`` is the max).
 
 So a row without allowed keys keeps ``l = 0`` exactly and ``finalize``'s ``l > 0`` is decided;
@@ -94,6 +95,8 @@ class Balls:
         other = _lift(other)
         product = Balls.of(fb.mul(self.ball, other.ball))
         for a, b in ((self, other), (other, self)):
+            if a.mid.dim() and a.shape[-1] > 1:
+                continue  # the facts matter for per-row factors (the merge's rescalings), not tile products
             product = _keep(product, _is(a, 1.0), b)  # 1 * b = b
             zero = _is(a, 0.0)
             if zero is not None:  # 0 * b = 0 for finite b

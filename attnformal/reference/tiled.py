@@ -19,7 +19,7 @@ exists: the peak is the inputs and results (``O((Sq + Sk)(D + Dv))``) plus a few
 
 Tasks run on an executor (:mod:`attnformal.distributed`): in this process, or on a cluster.
 The result is **bitwise identical** wherever they run: the task grid depends on the problem
-only (never on the number of workers), every reduction happens in the driver in a fixed
+and the :class:`Tiling` only (never on the number of workers), every reduction happens in the driver in a fixed
 order, and each task runs on one torch thread, so each float operation sees the same operands
 in the same order (on workers of the same CPU type and torch build; elsewhere the results are
 still rigorous enclosures of the same exact values, so they overlap).

@@ -102,3 +102,10 @@ def test_a_bad_worker_count_is_one_clear_error(workers, tmp_path, capsys):
             str(tmp_path / "x.npz"), "--workers", str(workers)]
     assert main(argv) == 2
     assert "'--workers': expected an int >= 1" in capsys.readouterr().err
+
+
+def test_workers_for_the_arb_tier_are_refused_clearly(tmp_path, capsys):
+    argv = ["generate", "--shape", "1,1,1,4,4,8", "--dtype", "fp64", "--seed", "1", "--out", str(tmp_path / "x.npz"),
+            "--workers", "2"]
+    assert main(argv) == 2
+    assert "this case uses the Arb tier" in capsys.readouterr().err

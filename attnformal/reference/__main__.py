@@ -110,6 +110,10 @@ def _ints(count):
 
 def _generate(args) -> int:
     dtype = DTYPES[args.dtype]
+    arb_tier = args.prec is not None or (args.max_radius is None and golden.default_prec(dtype) is not None)
+    if arb_tier and (args.workers is not None or args.cluster is not None):
+        raise ValueError("argument '--workers'/'--cluster': they run the float64 tier's tiles, but this case uses "
+                         "the Arb tier (--prec, or float64 inputs), which runs in this process")
     protocol = {"scale": args.scale, "causal": None if args.causal == "none" else args.causal,
                 "window": None if args.window is None else tuple(args.window), "kv_lens": args.kv_lens,
                 "softcap": args.softcap, "dropout_p": args.dropout_p}

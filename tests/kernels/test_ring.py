@@ -16,7 +16,7 @@ from attnformal.verify import Settings, run_battery
 from attnformal.verify.report import render
 
 RING = make_attention(3)
-CHECKS = ("fwd.random", "fwd.lengths", "mask.*")  # enough to see a lost or unscaled state
+CHECKS = ("fwd.random", "mask.causal_bottom_right")  # enough to see a lost or unscaled state
 
 
 def inputs(shape, dtype=torch.float64, seed=0):

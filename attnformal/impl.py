@@ -8,15 +8,18 @@ import sys
 from pathlib import Path
 
 
-def load_impl(target: str):
-    """The callable named by ``target``: ``package.module:func`` or ``path/to/file.py:func``."""
+def load_impl(target: str, argument: str = "--impl"):
+    """The attribute named by ``target``: ``package.module:func`` or ``path/to/file.py:func``.
+
+    ``argument`` is the command-line option that errors name.
+    """
     where, sep, name = target.rpartition(":")
     if not sep or not where or not name:
-        raise ValueError(f"argument '--impl': expected MODULE:FUNC or FILE.py:FUNC, got {target!r}")
+        raise ValueError(f"argument '{argument}': expected MODULE:FUNC or FILE.py:FUNC, got {target!r}")
     if where.endswith(".py"):
         path = Path(where)
         if not path.is_file():
-            raise ValueError(f"argument '--impl': no such file {where!r}")
+            raise ValueError(f"argument '{argument}': no such file {where!r}")
         module_spec = importlib.util.spec_from_file_location(path.stem, path)
         module = importlib.util.module_from_spec(module_spec)
         sys.modules[module_spec.name] = module  # dataclasses and pickling look the module up by name
@@ -29,8 +32,8 @@ def load_impl(target: str):
         try:
             module = importlib.import_module(where)
         except ImportError as err:
-            raise ValueError(f"argument '--impl': cannot import {where!r}: {err}") from None
+            raise ValueError(f"argument '{argument}': cannot import {where!r}: {err}") from None
     try:
         return getattr(module, name)
     except AttributeError:
-        raise ValueError(f"argument '--impl': {where!r} has no attribute {name!r}") from None
+        raise ValueError(f"argument '{argument}': {where!r} has no attribute {name!r}") from None

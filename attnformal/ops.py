@@ -448,3 +448,79 @@ def rowsum(p):
 def matmul(p, v):
     """``p @ v``: row weights times value rows."""
     return family(p, v).matmul(p, v)
+
+
+# ---------------------------------------------------------------------------- kernel index arithmetic
+# What third-party kernels' loop bounds are written in (attnformal.tiling transcribes them): C, C++,
+# CUDA and Triton divide signed integers toward zero, and shift. ``floordiv``/``cdiv`` above are
+# Python's and CuTe-DSL's (arith.floordivsi) division. Each operation is one function per family,
+# named in KERNEL_INT_OPS, so a consistency check can iterate over them.
+
+
+def _trunc_python(a, b):
+    quotient = abs(a) // abs(b)
+    return quotient if (a < 0) == (b < 0) else -quotient
+
+
+def _trunc_torch(a, b):
+    import torch
+
+    return torch.div(a, b, rounding_mode="trunc")
+
+
+def _trunc_z3(a, b):
+    import z3
+
+    if isinstance(a, z3.BitVecRef) or isinstance(b, z3.BitVecRef):
+        return a / b  # z3py's ``/`` on bit-vectors is bvsdiv: signed, rounded toward zero
+    return z3.If(a >= 0, a / b, -((-a) / b))  # Int ``/`` is Euclidean: floor for b > 0
+
+
+def _trunc_sympy(a, b):
+    import sympy
+
+    return sympy.sign(a) * sympy.floor(sympy.Abs(a) / b)
+
+
+def _shr_sympy(a, k):
+    import sympy
+
+    return sympy.floor(sympy.sympify(a) / 2**k)
+
+
+def _shr_z3(a, k):
+    import z3
+
+    return a >> k if isinstance(a, z3.BitVecRef) else a / 2**k  # Euclidean: floor, like >>
+
+
+_KERNEL_INT_METHODS = {
+    # family: (truncdiv, shr, shl)
+    _Python: (_trunc_python, lambda a, k: a >> k, lambda a, k: a << k),
+    _Torch: (_trunc_torch, lambda a, k: a >> k, lambda a, k: a << k),
+    _SymPy: (_trunc_sympy, _shr_sympy, lambda a, k: a * 2**k),
+    _Z3: (_trunc_z3, _shr_z3, lambda a, k: a * 2**k),
+}
+for _family, (_truncdiv, _shr, _shl) in _KERNEL_INT_METHODS.items():
+    _family.truncdiv, _family.shr, _family.shl = (staticmethod(f) for f in (_truncdiv, _shr, _shl))
+_NumPy.truncdiv = staticmethod(lambda a, b: _NumPy._elementwise(truncdiv, 2)(a, b))
+_NumPy.shr = staticmethod(lambda a, k: _NumPy._elementwise(shr, 2)(a, k))
+_NumPy.shl = staticmethod(lambda a, k: _NumPy._elementwise(shl, 2)(a, k))
+
+
+def truncdiv(a, b):
+    """``a / b`` rounded toward zero, as C, C++, CUDA and Triton divide signed integers."""
+    return family(a, b).truncdiv(a, b)
+
+
+def shr(a, k):
+    """Arithmetic shift right by a constant ``k >= 0``: ``floor(a / 2**k)`` (C's ``>>`` on int)."""
+    return family(a).shr(a, k)
+
+
+def shl(a, k):
+    """Shift left by a constant ``k >= 0``: ``a * 2**k`` (wrapping, when the type is fixed-width)."""
+    return family(a).shl(a, k)
+
+
+KERNEL_INT_OPS = (truncdiv, shr, shl)

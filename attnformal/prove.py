@@ -282,6 +282,9 @@ def parse(argv):
     parser.add_argument("--block-n", type=int, metavar="N", help="... and N key columns")
     parser.add_argument("--schedule", action="append", default=[], metavar="MODULE:ATTR",
                         help="also prove a kernel's TileSchedule, e.g. attnformal.kernels.torch_tiled:DEFAULT_SCHEDULE")
+    parser.add_argument("--kernel", action="append", default=[], metavar="FILE.py:ATTR",
+                        help="prove a kernel's own tiling instead (an attnformal.tiling.KernelTiling subclass or a "
+                             "list of them; MODULE:ATTR too, e.g. attnformal.tilings:EXAMPLES); repeatable")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes (<= 2)")
     args = parser.parse_args(argv)
     if (args.block_m is None) != (args.block_n is None):
@@ -300,6 +303,14 @@ def parse(argv):
             schedules = (("--block-m/--block-n", TileSchedule(args.block_m, args.block_n)),)
         except ValueError as error:
             parser.error(f"argument '--block-m'/'--block-n': {error}")
+    if args.kernel:
+        from attnformal.tiling import kernel_obligations
+
+        try:
+            chosen = kernel_obligations(args.kernel)
+        except ValueError as error:
+            parser.error(str(error))
+        return args, chosen, Settings(timeout=args.timeout)
     chosen = selected(args.only)
     if not chosen:
         parser.error(f"argument '--only': expected a pattern matching an obligation, got {args.only!r}")

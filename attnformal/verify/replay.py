@@ -47,3 +47,18 @@ def replay(settings: Settings, path) -> tuple[CheckResult, str]:
     lines += [f"    -> [{f.bug}] {f.evidence}" for f in result.findings]
     lines.append(f"rerun the whole check: {data['rerun']}")
     return result, "\n".join(lines)
+
+
+def write_reproducer(path, case: Case, *, impl: str, check: str, dtype: str = "float32", tolerance: str = "default",
+                     lse: bool = False, backward: bool = False, run_seed: int = 0) -> Path:
+    """Save ``case`` in the format :func:`load_reproducer` reads, for ``--impl IMPL --replay PATH``.
+
+    For cases built outside the battery (e.g. a kernel tiling's counterexample shape).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rerun = f"python -m attnformal.verify --impl {impl} --replay {path}"
+    torch.save({"case": case.to_payload(), "lse": lse, "backward": backward, "check": check, "dtype": dtype,
+                "tolerance": tolerance, "impl": impl, "run_seed": run_seed, "spec": case.spec.to_json(),
+                "rerun": rerun}, path)
+    return path

@@ -1,0 +1,980 @@
+"""Prove *their* kernel: a third-party kernel's own tiling arithmetic, against the spec, for every shape.
+
+A kernel decides, in its own integer arithmetic, which key blocks a query block visits, which
+tiles get the element-wise mask, how split-KV cuts the range and how packed-GQA rows map to
+query positions. A :class:`KernelTiling` transcribes those few lines against
+:mod:`attnformal.ops`, so they evaluate on Python ints (the executor), Z3 integers (the proofs)
+and range-checked Z3 integers (the int32 check)::
+
+    class MyKernel(KernelTiling):
+        block_m, block_n = 128, 64
+        division = "trunc"                  # C/C++/CUDA/Triton ``/`` on signed ints; "floor": Python, CuTe DSL
+        int_bits = 32                       # also find the smallest shape where int32 arithmetic overflows
+        masks = ("dense", "bottom_right")   # the mask families it supports (MASK_FAMILIES)
+
+        def kv_blocks(self, m_block, g):    # g: the spec's MaskGeometry (len_q, len_k, causal, window)
+            n_max = self.ceil_div(g.len_k, self.block_n)
+            if g.causal:
+                n_max = ops.minimum(n_max, self.ceil_div((m_block + 1) * self.block_m + g.offset, self.block_n))
+            return 0, n_max                 # half-open, in key blocks
+
+Optional: ``masked(m_block, n_block, g)`` (does the kernel apply the element-wise mask on this
+tile? default: always), ``q_blocks(n_block, g)`` (the backward's query blocks of a key block),
+``num_splits`` with ``split(m_block, split_idx, g)`` (split-KV parts, or a loop's stages),
+``qhead_per_kvhead`` (packed GQA: row ``r`` of a query block is position ``row_position(r)``,
+default ``r // qhead_per_kvhead``), ``requires(g)`` (preconditions on the shape, e.g.
+``len_q == len_k``), and ``kv_unit = "keys"`` for key loops that start at an arbitrary key
+(``kv_blocks`` then returns key positions ``[start, end)``, walked in steps of ``block_n``; the
+last tile stops at ``end`` unless ``clips_last_tile = False``). A symbolic length may not meet a
+Python ``if``: branch on the structure (``g.causal``, :func:`window_size`), compute on values with
+``ops.where``/``ops.minimum``/``ops.maximum``.
+
+Obligations, for every mask family the tiling declares, all lengths ``len_q, len_k >= 0`` and all
+window bounds (Z3, unbounded integers, the tiling's own division semantics), against the spec's
+``masks.may_attend``:
+
+* *complete*: every tile holding an allowed pair is visited (by some part);
+* *in bounds*: no tile reads a key outside the tensor (a block loop's ragged last block may);
+* *mask-safe*: on a tile the kernel leaves unmasked, every position of a real query row is allowed
+  (the tile is FULL on the rows the kernel stores);
+* *splits*: the parts read disjoint keys, inside the visited range, and cover it;
+* *backward*: ``q_blocks`` visits every query block whose tile with the key block holds an
+  allowed pair, and stays inside the query blocks;
+* *waste* (reported): the most visited SKIP tiles of one query block, over all shapes;
+* *int32* (``int_bits = 32``, reported): the smallest shape (least ``len_q + len_k + window
+  bounds``) at which an index expression of the tiling leaves int32; below it the int32 code
+  computes the values proven here.
+
+A refutation shows the smallest shape it finds with the missed tile and one allowed ``(i, j)``
+in it, and writes a battery case for exactly that shape: a tiling class is itself an
+implementation of the protocol (``MyKernel(q, k, v, causal=...)`` runs the torch tiled loop with
+the tiling's own ``kv_blocks``/``split``/``masked`` decisions and the spec's merge and finalize),
+so ``python -m attnformal.verify --impl my_file.py:MyKernel --replay FILE`` fails on the buggy
+tiling and passes on a correct kernel. ``python -m attnformal.prove --kernel my_file.py:MyKernel``
+runs it all; docs/kernel-tilings.md has a complete example.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import z3
+
+from attnformal import ops, schedule
+from attnformal.logic import PROVED, REFUTED, UNKNOWN, Budget, Proof, Query, check_z3, render, render_value
+from attnformal.masks import MaskGeometry, may_attend
+
+# ---------------------------------------------------------------------------- mask families
+
+_WINDOWS = {None: (False, False), "window": (True, True), "window_left": (True, False),
+            "window_right": (False, True)}  # which side of the window is bounded
+
+
+@dataclass(frozen=True)
+class MaskFamily:
+    """A causal mode and which sides of the (bottom-right aligned) window are bounded."""
+
+    name: str
+    causal: str | None
+    window: str | None  # None, "window" (both sides), "window_left" or "window_right" (one side)
+
+    def geometry(self, len_q, len_k, left, right) -> MaskGeometry:
+        """The spec's geometry; an unbounded side is the spec's ``-1``."""
+        bounded_left, bounded_right = _WINDOWS[self.window]
+        window = (left if bounded_left else -1, right if bounded_right else -1) if self.window else None
+        return MaskGeometry(len_q, len_k, self.causal, window)
+
+
+MASK_FAMILIES = {
+    "+".join(filter(None, (causal, window))) or "dense": MaskFamily(
+        "+".join(filter(None, (causal, window))) or "dense", causal, window)
+    for causal, window in itertools.product((None, "top_left", "bottom_right"), _WINDOWS)
+}
+
+
+WITHOUT_TOP_LEFT = tuple(name for name, family in MASK_FAMILIES.items() if family.causal != "top_left")
+
+
+def family_of(g: MaskGeometry) -> MaskFamily:
+    """The family of a concrete geometry (ints)."""
+    window = None
+    if g.window is not None:
+        left, right = g.window
+        window = {(True, True): "window", (True, False): "window_left", (False, True): "window_right",
+                  (False, False): None}[(left >= 0, right >= 0)]
+    return MASK_FAMILIES["+".join(filter(None, (g.causal, window))) or "dense"]
+
+
+def window_size(g: MaskGeometry):
+    """``(left, right)`` with ``None`` for an unbounded side, as kernels spell an optional window.
+
+    A side is unbounded when it is a Python int below 0 (the spec's convention); a symbolic
+    bound stands for every bound ``>= 0`` (the prover assumes it).
+    """
+    if g.window is None:
+        return None, None
+    return tuple(None if isinstance(side, int) and side < 0 else side for side in g.window)
+
+
+# ---------------------------------------------------------------------------- the description
+
+
+class _TilingClass(type):
+    """Calling a tiling class with tensors runs the kernel's tiling: the class is an implementation."""
+
+    def __call__(cls, *args, **kwargs):
+        if not args and not kwargs:
+            return super().__call__()
+        return run_tiling(super().__call__(), *args, **kwargs)
+
+
+class KernelTiling(metaclass=_TilingClass):
+    """A kernel's tiling, transcribed from its source; see the module docstring."""
+
+    block_m: int = 128
+    block_n: int = 128
+    division: str = "floor"  # "floor" (Python, CuTe DSL) or "trunc" (C, C++, CUDA, Triton)
+    int_bits: int | None = None  # 32: also find where int32 index arithmetic overflows
+    masks: tuple[str, ...] = ("dense",)
+    kv_unit: str = "blocks"  # "keys": kv_blocks returns key positions [start, end)
+    clips_last_tile: bool = True  # keys: the last tile of a range stops at its end (else reads whole tiles)
+    num_splits: int = 1  # split-KV parts; with more than one, define split()
+    qhead_per_kvhead: int = 1  # packed GQA: query heads of one KV head packed into the rows
+    case_dtype: str = "float32"  # the dtype of the battery cases refutations write (the real kernel's)
+    controls: tuple = ()  # wrong variants (KernelTiling subclasses) the prover must refute
+    breaks: str = ""  # for a wrong variant: what it gets wrong
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        _validate(cls)
+
+    # -- what a kernel's description defines
+
+    def kv_blocks(self, m_block, g):
+        """``(n_min, n_max)``: the key blocks query block ``m_block`` visits (half-open)."""
+        raise NotImplementedError(f"{type(self).__name__} must define kv_blocks(m_block, g)")
+
+    def masked(self, m_block, n_block, g):
+        """Whether the kernel applies the element-wise mask on tile ``(m_block, n_block)``."""
+        return True
+
+    q_blocks = None  # optional: q_blocks(n_block, g) -> (m_min, m_max), the backward's range
+    split = None  # optional: split(m_block, split_idx, g) -> (n_min, n_max) of one split-KV part
+
+    def row_position(self, row):
+        """The query position of packed row ``row`` (packed GQA: ``row // qhead_per_kvhead``)."""
+        return row if self.qhead_per_kvhead == 1 else ops.floordiv(row, self.qhead_per_kvhead)
+
+    def requires(self, g):
+        """The shapes the kernel accepts (e.g. ``g.len_q == g.len_k``); proofs assume it."""
+        return True
+
+    # -- integer helpers in the kernel's own division semantics
+
+    def div(self, a, b):
+        """``a / b`` as the kernel's language divides integers (see ``division``)."""
+        return ops.truncdiv(a, b) if self.division == "trunc" else ops.floordiv(a, b)
+
+    def ceil_div(self, a, b):
+        """``(a + b - 1) / b`` in the kernel's division, as ``cute::ceil_div``/``tl.cdiv`` spell it."""
+        return self.div(a + b - 1, b)
+
+    @classmethod
+    def overrides(cls) -> list[str]:
+        """The methods this class defines itself (what a wrong variant replaces)."""
+        return [name for name, value in vars(cls).items() if callable(value) and not name.startswith("_")]
+
+
+def _validate(cls):
+    """Clear errors for a malformed description, naming the attribute."""
+    def positive(name):
+        value = getattr(cls, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise TypeError(f"{cls.__name__}.{name}: expected an int >= 1, got {value!r}")
+
+    for name in ("block_m", "block_n", "num_splits", "qhead_per_kvhead"):
+        positive(name)
+    choices = {"division": ("floor", "trunc"), "int_bits": (None, 32), "kv_unit": ("blocks", "keys"),
+               "case_dtype": ("float32", "float16", "bfloat16")}
+    for name, allowed in choices.items():
+        if getattr(cls, name) not in allowed:
+            raise TypeError(f"{cls.__name__}.{name}: expected one of {allowed}, got {getattr(cls, name)!r}")
+    unknown = [m for m in cls.masks if m not in MASK_FAMILIES]
+    if isinstance(cls.masks, str) or unknown:
+        raise TypeError(f"{cls.__name__}.masks: expected a tuple of names from {tuple(MASK_FAMILIES)}, "
+                        f"got {cls.masks!r}")
+    if cls.num_splits > 1 and cls.split is None:
+        raise TypeError(f"{cls.__name__}.num_splits = {cls.num_splits}: define split(m_block, split_idx, g)")
+
+
+# ---------------------------------------------------------------------------- range-checked integers
+
+
+INT32 = (-(2**31), 2**31 - 1)
+
+
+class _Checked:
+    """An exact integer (a Z3 Int) that remembers whether any value it was computed from left int32.
+
+    The tiling's arithmetic runs on these unchanged: ``+ - * %`` and comparisons are overloaded,
+    the rest of :mod:`attnformal.ops` dispatches here through ``__attn_ops__``. Up to the first
+    operation whose exact result leaves int32, int32 arithmetic computes these same values, so
+    ``overflow`` is true exactly when the kernel's int32 arithmetic overflows somewhere on the
+    way to this value (C's signed overflow; CuTe DSL's ``Int32`` wraps).
+    """
+
+    __slots__ = ("value", "overflow")
+
+    def __init__(self, value, overflow=None):
+        self.value, self.overflow = value, z3.BoolVal(False) if overflow is None else overflow
+
+    @staticmethod
+    def lift(x):
+        if isinstance(x, _Checked):
+            return x
+        if isinstance(x, bool) or not isinstance(x, int):
+            raise TypeError(f"kernel integer arithmetic mixes an int32 with {type(x).__name__}")
+        return _Checked(z3.IntVal(x))
+
+    @staticmethod
+    def result(value, *operands):
+        out_of_range = z3.Or(value < INT32[0], value > INT32[1])
+        return _Checked(value, z3.Or(out_of_range, *(x.overflow for x in operands)))
+
+    def _arith(self, other, op, reflected=False):
+        a, b = self, _Checked.lift(other)
+        if reflected:
+            a, b = b, a
+        return _Checked.result(op(a.value, b.value), a, b)
+
+    def __add__(self, other):
+        return self._arith(other, lambda a, b: a + b)
+
+    def __radd__(self, other):
+        return self._arith(other, lambda a, b: a + b, reflected=True)
+
+    def __sub__(self, other):
+        return self._arith(other, lambda a, b: a - b)
+
+    def __rsub__(self, other):
+        return self._arith(other, lambda a, b: a - b, reflected=True)
+
+    def __mul__(self, other):
+        return self._arith(other, lambda a, b: a * b)
+
+    def __rmul__(self, other):
+        return self._arith(other, lambda a, b: a * b, reflected=True)
+
+    def __mod__(self, other):
+        return self - _CheckedOps.truncdiv(self, other) * other  # C's %: the sign of the dividend
+
+    def __neg__(self):
+        return _Checked.result(-self.value, self)
+
+    def _compare(self, other, op):
+        a, b = self, _Checked.lift(other)
+        return _Flag(op(a.value, b.value), z3.Or(a.overflow, b.overflow))
+
+    def __lt__(self, other):
+        return self._compare(other, lambda a, b: a < b)
+
+    def __le__(self, other):
+        return self._compare(other, lambda a, b: a <= b)
+
+    def __gt__(self, other):
+        return self._compare(other, lambda a, b: a > b)
+
+    def __ge__(self, other):
+        return self._compare(other, lambda a, b: a >= b)
+
+    def __eq__(self, other):
+        return self._compare(other, lambda a, b: a == b)
+
+    def __ne__(self, other):
+        return self._compare(other, lambda a, b: a != b)
+
+    __hash__ = None
+
+    def __bool__(self):
+        raise TypeError("a symbolic kernel integer was used as a Python bool: use ops.where, ops.minimum, "
+                        "ops.maximum instead of if/min/max on lengths")
+
+
+class _Flag:
+    """A condition on range-checked integers, with the overflow of its operands."""
+
+    __slots__ = ("value", "overflow")
+
+    def __init__(self, value, overflow):
+        self.value, self.overflow = value, overflow
+
+    def __bool__(self):
+        raise TypeError("a symbolic kernel condition was used as a Python bool: use ops.where/ops.and_")
+
+
+def _flag(x):
+    return x if isinstance(x, _Flag) else _Flag(z3.BoolVal(x) if isinstance(x, bool) else x, z3.BoolVal(False))
+
+
+class _CheckedOps:
+    """:mod:`attnformal.ops` on range-checked integers."""
+
+    @staticmethod
+    def and_(xs):
+        xs = [_flag(x) for x in xs]
+        return _Flag(z3.And(*(x.value for x in xs)), z3.Or(*(x.overflow for x in xs)))
+
+    @staticmethod
+    def or_(xs):
+        xs = [_flag(x) for x in xs]
+        return _Flag(z3.Or(*(x.value for x in xs)), z3.Or(*(x.overflow for x in xs)))
+
+    @staticmethod
+    def not_(x):
+        x = _flag(x)
+        return _Flag(z3.Not(x.value), x.overflow)
+
+    @staticmethod
+    def where(cond, a, b):
+        cond, a, b = _flag(cond), _Checked.lift(a), _Checked.lift(b)
+        return _Checked(z3.If(cond.value, a.value, b.value),
+                        z3.Or(cond.overflow, z3.If(cond.value, a.overflow, b.overflow)))
+
+    @staticmethod
+    def maximum(a, b):
+        a, b = _Checked.lift(a), _Checked.lift(b)
+        return _CheckedOps.where(a >= b, a, b)
+
+    @staticmethod
+    def minimum(a, b):
+        a, b = _Checked.lift(a), _Checked.lift(b)
+        return _CheckedOps.where(a <= b, a, b)
+
+    @staticmethod
+    def floordiv(a, b):
+        a, b = _Checked.lift(a), _Checked.lift(b)
+        return _Checked.result(ops.floordiv(a.value, b.value), a, b)
+
+    @staticmethod
+    def truncdiv(a, b):
+        a, b = _Checked.lift(a), _Checked.lift(b)
+        return _Checked.result(ops.truncdiv(a.value, b.value), a, b)
+
+    @staticmethod
+    def shr(a, k):
+        return _CheckedOps.floordiv(a, 2**k)
+
+    @staticmethod
+    def shl(a, k):
+        return _Checked.lift(a) * 2**k
+
+
+_Checked.__attn_ops__ = _Flag.__attn_ops__ = _CheckedOps
+
+
+# ---------------------------------------------------------------------------- one tiling, one family, symbolically
+
+
+class _Symbolic:
+    """The shape variables of one mask family and the spec's geometry over them (Z3 Ints)."""
+
+    def __init__(self, tiling: KernelTiling, family: MaskFamily):
+        self.tiling, self.family = tiling, family
+        self.len_q, self.len_k = z3.Ints("Sq Sk")
+        bounded_left, bounded_right = _WINDOWS[family.window]
+        self.left = z3.Int("L") if bounded_left else -1
+        self.right = z3.Int("R") if bounded_right else -1
+        self.g = family.geometry(self.len_q, self.len_k, self.left, self.right)
+        self.rows = self.len_q * tiling.qhead_per_kvhead  # packed rows of one KV head
+
+    @property
+    def inputs(self):
+        """The free shape variables: lengths and the bounded window sides."""
+        return [x for x in (self.len_q, self.len_k, self.left, self.right) if not isinstance(x, int)]
+
+    def hypotheses(self, *extra):
+        requires = self.tiling.requires(self.g)
+        return (("lengths and bounded window sides >= 0", z3.And(*(x >= 0 for x in self.inputs))),
+                *((("requires(g)", requires),) if requires is not True else ()), *extra)
+
+    def shape(self) -> dict:
+        shown = {"Sq": self.len_q, "Sk": self.len_k}
+        if self.family.window:
+            shown["window"] = _WindowShown(self.left, self.right)
+        return shown
+
+    def in_row_block(self, row, m):
+        bm = self.tiling.block_m
+        return z3.And(0 <= row, row < self.rows, m * bm <= row, row < (m + 1) * bm)
+
+    def allowed(self, row, j):
+        return may_attend(self.tiling.row_position(row), j, self.g)
+
+
+@dataclass(frozen=True)
+class _WindowShown:
+    """A window in a counterexample: ``(3, -)`` for an unbounded right side."""
+
+    left: object
+    right: object
+
+    def render(self, model) -> str:
+        sides = [("-" if isinstance(s, int) else str(model.eval(s, model_completion=True))) for s in
+                 (self.left, self.right)]
+        return f"({sides[0]}, {sides[1]})"
+
+
+def parts(tiling: KernelTiling, m_block, g) -> list[tuple]:
+    """The ranges the key loop of query block ``m_block`` walks: its split-KV parts (or stages), else
+    ``kv_blocks`` alone."""
+    if tiling.num_splits == 1:
+        return [tiling.kv_blocks(m_block, g)]
+    return [tiling.split(m_block, index, g) for index in range(tiling.num_splits)]
+
+
+def keys_of(tiling: KernelTiling, lo, hi):
+    """``(first, end)``: the keys the tiles of the range ``[lo, hi)`` read (empty unless ``lo < hi``)."""
+    if tiling.kv_unit == "blocks":
+        return lo * tiling.block_n, hi * tiling.block_n
+    if tiling.clips_last_tile:
+        return lo, hi
+    return lo, lo + tiling.ceil_div(hi - lo, tiling.block_n) * tiling.block_n  # whole tiles from lo
+
+
+def tile_at(tiling: KernelTiling, lo, n):
+    """``(first key, tile argument of masked)`` of tile ``n`` of a range starting at ``lo``."""
+    if tiling.kv_unit == "blocks":
+        return n * tiling.block_n, n
+    first = lo + n * tiling.block_n
+    return first, first  # a key loop's tile is named by its first key (Triton's start_n)
+
+
+# -- the obligations: each returns (claim, extra hypotheses, shown terms) or None when it does not apply
+
+
+def complete(s: _Symbolic):
+    t = s.tiling
+    m, row, j = z3.Ints("m_block row j")
+    premise = z3.And(s.in_row_block(row, m), s.allowed(row, j))
+    read = [keys_of(t, lo, hi) + (lo < hi,) for lo, hi in parts(t, m, s.g)]
+    shown = {"m_block": m, **({"n_block": j / t.block_n} if t.kv_unit == "blocks" else {}),
+             "i": t.row_position(row), "j": j, **({"row": row} if t.qhead_per_kvhead > 1 else {}),
+             **_ranges_shown(t, m, s.g)}
+    visited = z3.Or(*(z3.And(nonempty, first <= j, j < end) for first, end, nonempty in read))
+    return z3.Implies(premise, visited), (), shown
+
+
+def in_bounds(s: _Symbolic):
+    t = s.tiling
+    m = z3.Int("m_block")
+    launched = z3.And(0 <= m, m * t.block_m < s.rows)
+    inside = [z3.Implies(lo < hi, z3.And(0 <= first, end <= _key_limit(t, s)))
+              for (lo, hi), (first, end) in ((part, keys_of(t, *part)) for part in parts(t, m, s.g))]
+    return z3.Implies(launched, z3.And(*inside)), (), {"m_block": m, **_ranges_shown(t, m, s.g)}
+
+
+def _ranges_shown(t, m, g) -> dict:
+    """The ranges of query block ``m`` as a counterexample shows them (in the kernel's own unit)."""
+    unit = "key blocks" if t.kv_unit == "blocks" else "keys"
+    ranges = parts(t, m, g)
+    if len(ranges) == 1:
+        return {unit: _RangeShown(*ranges[0])}
+    return {f"part {index} ({unit})": _RangeShown(lo, hi) for index, (lo, hi) in enumerate(ranges)}
+
+
+def _key_limit(t, s):
+    """The keys a tile may read: ``len_k``, rounded up to whole blocks for a block loop (its last
+    block is ragged and read under the mask)."""
+    return s.len_k if t.kv_unit == "keys" else t.ceil_div(s.len_k, t.block_n) * t.block_n
+
+
+def mask_safe(s: _Symbolic):
+    t = s.tiling
+    if "masked" not in _defined(t):
+        return None
+    m, n, row, j = z3.Ints("m_block n_block row j")
+    claims = []
+    for lo, hi in parts(t, m, s.g):
+        first, end = keys_of(t, lo, hi)
+        tile_first, tile_name = tile_at(t, lo, n)
+        in_tile = z3.And(lo < hi, 0 <= n, tile_first >= first, tile_first < end,
+                         tile_first <= j, j < tile_first + t.block_n, j < end)
+        unmasked = z3.And(s.in_row_block(row, m), in_tile, ops.not_(t.masked(m, tile_name, s.g)))
+        claims.append(z3.Implies(unmasked, s.allowed(row, j)))
+    shown = {"m_block": m, "tile": n, "i": t.row_position(row), "j": j}
+    return z3.And(*claims), (), shown
+
+
+def splits(s: _Symbolic):
+    t = s.tiling
+    if t.num_splits == 1:
+        return None
+    m, j = z3.Ints("m_block j")
+    first, end = keys_of(t, *t.kv_blocks(m, s.g))
+    read = [keys_of(t, lo, hi) + (lo < hi,) for lo, hi in parts(t, m, s.g)]
+    whole = z3.And(first <= j, j < end)
+    in_part = [z3.And(nonempty, a <= j, j < b) for a, b, nonempty in read]
+    inside = [z3.Implies(p, whole) for p in in_part]
+    disjoint = [z3.Not(z3.And(p, q)) for p, q in itertools.combinations(in_part, 2)]
+    covered = z3.Implies(whole, z3.Or(*in_part))
+    premise = z3.And(0 <= m, m * t.block_m < s.rows, 0 <= j)
+    shown = {"m_block": m, "key": j, "keys of kv_blocks": _RangeShown(first, end),
+             **{f"keys of part {index}": _RangeShown(a, b) for index, (a, b, _) in enumerate(read)}}
+    return z3.Implies(premise, z3.And(*inside, *disjoint, covered)), (), shown
+
+
+def backward_complete(s: _Symbolic):
+    t = s.tiling
+    if t.q_blocks is None:
+        return None
+    n, row, j = z3.Ints("n_block row j")
+    lo, hi = t.q_blocks(n, s.g)
+    premise = z3.And(0 <= row, row < s.rows, n * t.block_n <= j, j < (n + 1) * t.block_n, s.allowed(row, j))
+    claim = z3.And(lo * t.block_m <= row, row < hi * t.block_m)  # lo <= row // block_m < hi
+    shown = {"n_block": n, "m_block": row / t.block_m, "i": t.row_position(row), "j": j, "m_min": lo, "m_max": hi}
+    return z3.Implies(premise, claim), (), shown
+
+
+def backward_in_bounds(s: _Symbolic):
+    t = s.tiling
+    if t.q_blocks is None:
+        return None
+    n = z3.Int("n_block")
+    lo, hi = t.q_blocks(n, s.g)
+    visits = z3.And(0 <= n, n * t.block_n < s.len_k, lo < hi)
+    return z3.Implies(visits, z3.And(0 <= lo, (hi - 1) * t.block_m < s.rows)), (), {"n_block": n, "m_min": lo,
+                                                                                   "m_max": hi}
+
+
+@dataclass(frozen=True)
+class _RangeShown:
+    lo: object
+    hi: object
+
+    def render(self, model) -> str:
+        return f"[{render_value(model, self.lo)}, {render_value(model, self.hi)})"
+
+
+NOT_REPLAYED = ("in bounds", "backward complete", "backward in bounds")
+OBLIGATIONS = (
+    ("complete", "every tile holding an allowed pair is visited", complete),
+    ("in bounds", "no tile reads a key outside the tensor", in_bounds),
+    ("mask-safe", "an unmasked tile is FULL on its real rows", mask_safe),
+    ("splits", "the parts read disjoint keys, inside the range, and cover it", splits),
+    ("backward complete", "q_blocks visits every query block whose tile holds an allowed pair", backward_complete),
+    ("backward in bounds", "q_blocks stays inside the query blocks", backward_in_bounds),
+)
+
+
+def _defined(tiling) -> set[str]:
+    """The hooks a tiling (or a class above it, below KernelTiling) defines."""
+    return {name for cls in type(tiling).__mro__[:-2] for name in cls.overrides()}  # [:-2]: KernelTiling, object
+
+
+def check_family(tiling: KernelTiling, family: MaskFamily, budget: Budget) -> list[tuple[str, Proof, _Symbolic]]:
+    """Every obligation that applies, for one family: ``[(name, proof, symbols)]``."""
+    out = []
+    for name, theorem, build in OBLIGATIONS:
+        s = _Symbolic(tiling, family)
+        built = build(s)
+        if built is None:
+            continue
+        claim, extra, shown = built
+        query = Query(claim, s.hypotheses(*extra), {**s.shape(), **shown}, case=f"{family.name}")
+        proof = check_z3(f"[{family.name}] {name}: {theorem}", [query], budget=budget, keep_model=True)
+        if proof.status == REFUTED:
+            smallest = _smallest_counterexample(query, s, budget)
+            if smallest is not None:
+                proof.countermodel, proof.model = render(smallest, query.show), smallest
+        out.append((name, proof, s))
+    return out
+
+
+def _smallest_counterexample(query: Query, s: _Symbolic, budget: Budget):
+    """A countermodel with the least ``len_q + len_k + window bounds`` (None if none is found in time)."""
+    return least([*(formula for _, formula in query.hypotheses), z3.Not(query.claim)], [z3.Sum(*s.inputs)], budget)
+
+
+def least(formulas, objectives, budget: Budget, seconds: float = 10.0):
+    """A model of ``formulas`` that minimises each non-negative objective in turn (lexicographically).
+
+    Bisection on one incremental solver: on these queries it is one to two orders of magnitude
+    faster than ``z3.Optimize``. None when the formulas have no model; when time runs out, the
+    best model found so far.
+    """
+    end = time.monotonic() + min(seconds, budget.left())
+    solver = z3.Solver()
+    solver.add(*formulas)
+    solver.set("timeout", max(1, int((end - time.monotonic()) * 1000)))
+    if solver.check() != z3.sat:
+        return None
+    model = solver.model()
+    for objective in objectives:
+        low, high = 0, model.eval(objective, model_completion=True).as_long()
+        while low < high and time.monotonic() < end:
+            middle = (low + high) // 2
+            solver.set("timeout", max(1, int((end - time.monotonic()) * 1000)))
+            verdict = solver.check(objective <= middle)
+            if verdict == z3.sat:
+                model = solver.model()
+                high = model.eval(objective, model_completion=True).as_long()
+            elif verdict == z3.unsat:
+                low = middle + 1
+            else:
+                break
+        solver.add(objective == high)
+    return model
+
+
+# ---------------------------------------------------------------------------- waste
+
+
+def waste(tiling: KernelTiling, family: MaskFamily, budget: Budget) -> Proof | None:
+    """The most visited SKIP tiles of one query block, over all shapes (Z3 Optimize).
+
+    Measured against ``schedule.kv_block_range`` (exactly the non-SKIP key blocks, obligation 5);
+    for key-position loops and packed rows the tiles do not line up with the schedule's, so
+    nothing is reported.
+    """
+    if tiling.kv_unit != "blocks" or tiling.qhead_per_kvhead != 1:
+        return None
+    start_time = time.perf_counter()
+    s = _Symbolic(tiling, family)
+    m = z3.Int("m_block")
+    lo, hi = tiling.kv_blocks(m, s.g)
+    need_lo, need_hi = schedule.kv_block_range(m, s.g, tiling.block_m, tiling.block_n)
+    below = ops.maximum(0, ops.minimum(hi, need_lo) - lo)
+    above = ops.maximum(0, hi - ops.maximum(lo, need_hi))
+    wasted = ops.where(need_lo < need_hi, below + above, ops.maximum(0, hi - lo))
+    claim = f"[{family.name}] waste: the most visited SKIP tiles of one query block"
+    opt = z3.Optimize()
+    opt.set("timeout", max(1, int(min(10.0, budget.left()) * 1000)))
+    opt.add(*(f for _, f in s.hypotheses()), 0 <= m, m * tiling.block_m < s.len_q)
+    most = opt.maximize(wasted)
+    verdict = opt.check()
+    seconds = time.perf_counter() - start_time
+    if verdict != z3.sat:
+        return Proof(claim, "z3", UNKNOWN, seconds=seconds, detail=f"Optimize: {opt.reason_unknown()}")
+    bound = opt.upper(most)
+    if not z3.is_int_value(bound):
+        return Proof(claim + ": unbounded (grows with the lengths)", "z3", PROVED, seconds=seconds, queries=1,
+                     detail="waste: unbounded")
+    model = opt.model()
+    at = ", ".join(f"{k} = {v}" for k, v in render(model, {**s.shape(), "m_block": m}).items())
+    value = bound.as_long()
+    text = f"waste: {value} SKIP tile(s) per query block at most" + (f" (e.g. {at})" if value else "")
+    return Proof(f"{claim}: {value}", "z3", PROVED, seconds=seconds, queries=1, detail=text)
+
+
+# ---------------------------------------------------------------------------- int32 overflow
+
+
+def int32_limit(tiling: KernelTiling, family: MaskFamily, budget: Budget) -> Proof | None:
+    """The smallest shape (least ``len_q + len_k + window bounds``, then least block indices) at
+    which an index expression of the tiling leaves int32 (Z3 Optimize over exact integers).
+
+    Every input is an int32 (``[0, 2**31)``). An output counts only where the kernel computes it:
+    ``kv_blocks``/``split`` of a launched query block, ``masked`` on a visited tile, ``q_blocks`` of
+    an existing key block. Below the shape found, int32 arithmetic computes the unbounded values,
+    so the obligations proved over unbounded integers hold for the kernel's int32 code.
+    """
+    if tiling.int_bits is None:
+        return None
+    start = time.perf_counter()
+    s = _Symbolic(tiling, family)
+    m, n = z3.Ints("m_block n_block")
+    checked = family.geometry(*(_Checked(x) if not isinstance(x, int) else x
+                                for x in (s.len_q, s.len_k, s.left, s.right)))
+    outputs = _checked_outputs(tiling, s, checked, _Checked(m), _Checked(n))
+    claim = f"[{family.name}] int32: the smallest shape at which an index expression overflows"
+    premises = [*(z3.And(x >= 0, x <= INT32[1]) for x in (*s.inputs, m, n)), *(f for _, f in s.hypotheses())]
+    overflow = z3.Or(*(z3.And(used, value.overflow) for _, used, value in outputs))
+    probe = z3.Solver()
+    probe.set("timeout", max(1, int(budget.left() * 1000)))
+    probe.add(*premises, overflow)
+    verdict = probe.check()
+    if verdict == z3.unsat:
+        return Proof(claim + ": none", "z3", PROVED, queries=1, seconds=time.perf_counter() - start,
+                     detail="int32: no index expression overflows for any int32 shape")
+    model = least([*premises, overflow], [z3.Sum(*s.inputs), m + n], budget) if verdict == z3.sat else None
+    seconds = time.perf_counter() - start
+    if model is None:
+        return Proof(claim, "z3", UNKNOWN, queries=1, seconds=seconds, detail=f"z3: {probe.reason_unknown()}")
+    where = next(name for name, used, value in outputs
+                 if z3.is_true(model.eval(z3.And(used, value.overflow), model_completion=True)))
+    shown = ", ".join(f"{k} = {v}" for k, v in render(model, {**s.shape(), "m_block": m, "n_block": n}).items())
+    return Proof(f"{claim}: {shown} (in {where})", "z3", PROVED, queries=1, seconds=seconds,
+                 detail=f"int32: first overflow at {shown}, in {where}")
+
+
+def _checked_outputs(tiling, s: _Symbolic, g, m, n):
+    """``[(name, used, value)]``: what the kernel computes at query block ``m`` / key block ``n``."""
+    launched = z3.And(0 <= m.value, m.value * tiling.block_m < s.rows)
+    lo, hi = (_Checked.lift(x) for x in tiling.kv_blocks(m, g))
+    outputs = [("kv_blocks", launched, lo), ("kv_blocks", launched, hi)]
+    if "masked" in _defined(tiling):
+        visited = z3.And(launched, lo.value <= n.value, n.value < hi.value)
+        outputs.append(("masked", visited, _as_checked(tiling.masked(m, n, g))))
+    for split_idx in range(tiling.num_splits if tiling.num_splits > 1 else 0):
+        outputs += [(f"split {split_idx}", launched, _Checked.lift(x)) for x in tiling.split(m, split_idx, g)]
+    if tiling.q_blocks is not None:
+        exists = z3.And(0 <= n.value, n.value * tiling.block_n < s.len_k)
+        outputs += [("q_blocks", exists, _Checked.lift(x)) for x in tiling.q_blocks(n, g)]
+    return outputs
+
+
+def _as_checked(x):
+    if isinstance(x, (_Flag, bool)):
+        x = _flag(x)
+        return _Checked(z3.If(x.value, 1, 0), x.overflow)
+    return _Checked.lift(x)
+
+
+# ---------------------------------------------------------------------------- counterexamples become cases
+
+
+def counterexample_case(proof: Proof, s: _Symbolic, impl: str, directory, *, max_elements: int = 2**22,
+                        seed: int = 0) -> str:
+    """Write the battery case of a refutation's shape; return the replay command (or why not)."""
+    if proof.model is None:
+        return ""
+    value = {str(x): proof.model.eval(x, model_completion=True).as_long() for x in s.inputs}
+    len_q, len_k = value["Sq"], value["Sk"]
+    heads = s.tiling.qhead_per_kvhead
+    if len_q * len_k * heads > max_elements:
+        return f"shape too large to replay ({len_q} x {len_k} x {heads} scores)"
+    window = None
+    if s.family.window:
+        window = (value.get("L", -1), value.get("R", -1))
+    from attnformal.verify.cases import random_case, shape
+    from attnformal.verify.replay import write_reproducer
+
+    import torch
+
+    kwargs = {"causal": s.family.causal, "window": window}
+    dtype = s.tiling.case_dtype
+    case = random_case(f"tiling-{s.family.name}", shape(batch=1, heads_q=heads, heads_kv=1, len_q=len_q,
+                                                        len_k=len_k, head_dim=16), getattr(torch, dtype), "cpu",
+                       seed, grad=False, **kwargs)
+    name = impl.rpartition(":")[2]
+    obligation = proof.claim.split(":")[0].split("] ")[1].replace(" ", "-")
+    path = Path(directory) / f"tiling-{name}-{s.family.name}-{obligation}.pt"
+    write_reproducer(path, case, impl=impl, check=f"tiling:{obligation}", dtype=dtype, lse=True)
+    return f"python -m attnformal.verify --impl {impl} --replay {path}"
+
+
+# ---------------------------------------------------------------------------- the executor
+
+
+def run_tiling(tiling: KernelTiling, q, k, v, *, scale=None, causal=None, window=None, attn_mask=None,
+               kv_lens=None, softcap=None, dropout_p=0.0, dropout_mask=None, return_lse=False):
+    """The implementation protocol, computed with the tiling's own loop bounds and masking.
+
+    The torch tiled loop: per (batch, KV head, packed query block), the tiles ``kv_blocks`` (or
+    each ``split``) names, scores masked by the spec only where ``masked`` says so, folded with
+    the spec's ``merge`` and ``finalize``. A key outside the tensor reads as NaN, as unguarded
+    memory would; a skipped tile is simply missing. Differentiable (autograd of the forward).
+    """
+    from attnformal.spec import AttentionSpec
+
+    spec = AttentionSpec.from_inputs(q, k, v, scale=scale, causal=causal, window=window, attn_mask=attn_mask,
+                                     kv_lens=kv_lens, softcap=softcap, dropout_p=dropout_p,
+                                     dropout_mask=dropout_mask)
+    _refuse_unsupported(tiling, spec)
+    out, lse = _tiled_forward(tiling, spec, q, k, v)
+    return (out.to(q.dtype), lse) if return_lse else out.to(q.dtype)
+
+
+def _refuse_unsupported(tiling, spec):
+    name = type(tiling).__name__
+    if spec.attn_mask is not None or spec.dropout_p > 0:
+        raise NotImplementedError(f"{name}: a kernel tiling runs index masks only (no attn_mask, no dropout)")
+    if spec.group % tiling.qhead_per_kvhead:
+        raise NotImplementedError(f"{name}: packs {tiling.qhead_per_kvhead} query heads per KV head; "
+                                  f"this call has {spec.group}")
+    for b in range(spec.batch):
+        g = spec.geometry(b)
+        if family_of(g).name not in tiling.masks:
+            raise NotImplementedError(f"{name}: mask family {family_of(g).name!r} not in masks={tiling.masks}")
+        if not tiling.requires(g):
+            raise NotImplementedError(f"{name}: requires(g) rejects len_q={g.len_q}, len_k={g.len_k}")
+
+
+def _tiled_forward(tiling, spec, q, k, v):
+    import torch
+
+    from attnformal.kernels.split_kv import combine
+    from attnformal.kernels.torch_tiled import compute_dtype
+    from attnformal.merge import block_state, empty_state, finalize, merge
+    from attnformal.tile import tile_scores
+
+    dtype = compute_dtype(q.dtype)
+    pack, group = tiling.qhead_per_kvhead, spec.group
+    b_, hq, len_q, d = q.shape
+    out = torch.zeros(b_, hq, len_q, spec.head_dim_v, dtype=dtype, device=q.device)
+    lse = torch.zeros(b_, hq, len_q, dtype=dtype, device=q.device)
+    for b in range(spec.batch):
+        g = spec.geometry(b)
+        # [Hkv, group, Sq, D] -> packs of `pack` heads whose rows interleave: row r = (position r // pack, head r % pack)
+        packed = q[b].to(dtype).reshape(spec.heads_kv, group // pack, pack, len_q, d).transpose(2, 3)
+        packed = packed.reshape(spec.heads_kv, group // pack, len_q * pack, d)
+        keys, values = (t[b].to(dtype)[:, None] for t in (k, v))  # [Hkv, 1, Sk, D]
+        rows_out, lse_out = [], []
+        for m in range(ops.cdiv(len_q * pack, tiling.block_m)):
+            rows = torch.arange(m * tiling.block_m, min((m + 1) * tiling.block_m, len_q * pack), device=q.device)
+            positions = tiling.row_position(rows)
+            partials = []
+            for lo, hi in parts(tiling, m, g):
+                state = empty_state((spec.heads_kv, group // pack, len(rows)), spec.head_dim_v, dtype=dtype,
+                                    device=q.device)
+                for tile, cols in _tiles(tiling, lo, hi):
+                    masked = tiling.masked(m, tile, g)
+                    k_tile, v_tile = _read_keys(keys, values, cols, g.len_k, unmasked=not masked)
+                    allowed = may_attend(positions[:, None], cols[None, :], g) if masked else None
+                    s, _ = tile_scores(packed[:, :, rows], k_tile, spec.scale, spec.softcap, allowed)
+                    state = merge(state, block_state(s, v_tile))
+                partials.append(state)
+            o, row_lse = finalize(combine(partials))
+            rows_out.append(o)
+            lse_out.append(row_lse)
+        o = torch.cat(rows_out, dim=2).reshape(spec.heads_kv, group // pack, len_q, pack, -1).transpose(2, 3)
+        row_lse = torch.cat(lse_out, dim=2).reshape(spec.heads_kv, group // pack, len_q, pack).transpose(2, 3)
+        out[b] = o.reshape(hq, len_q, -1)
+        lse[b] = row_lse.reshape(hq, len_q)
+    return out, lse
+
+
+def _tiles(tiling, lo, hi):
+    """``(tile argument of masked, key indices)`` of each tile the loop visits in ``[lo, hi)``."""
+    import torch
+
+    bn = tiling.block_n
+    if tiling.kv_unit == "blocks":
+        for n in range(lo, hi):
+            yield n, torch.arange(n * bn, (n + 1) * bn)
+        return
+    for first in range(lo, hi, bn):
+        yield first, torch.arange(first, min(first + bn, hi) if tiling.clips_last_tile else first + bn)
+
+
+def _read_keys(keys, values, cols, len_k, unmasked):
+    """K and V columns ``cols``; a key outside ``[0, len_k)`` that no mask removes reads as NaN, as
+    unguarded memory would (one the mask removes reads as 0, which keeps the gradients finite)."""
+    import torch
+
+    inside = (cols >= 0) & (cols < len_k)
+    safe = torch.where(inside, cols, 0)
+    k_tile = torch.where(inside[:, None], keys[:, :, safe], float("nan") if unmasked else 0.0)
+    v_tile = torch.where(inside[:, None], values[:, :, safe], 0.0)
+    return k_tile, v_tile
+
+
+# ---------------------------------------------------------------------------- the prover's view
+
+
+def load_tilings(spec: str) -> list[type]:
+    """The tiling classes named by ``FILE.py:ATTR`` or ``MODULE:ATTR`` (a class or a list of them)."""
+    from attnformal.impl import load_impl
+
+    value = load_impl(spec, argument="--kernel")
+    loaded = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not loaded or not all(isinstance(t, type) and issubclass(t, KernelTiling) for t in loaded):
+        raise ValueError(f"argument '--kernel': {spec!r} is not a KernelTiling subclass or a list of them")
+    return loaded
+
+
+REPRO_DIR = Path("verify-repro")  # where refutations leave their battery cases (the battery's own default)
+
+
+def kernel_obligations(specs, repro_dir=REPRO_DIR) -> list[tuple[int, TilingObligation]]:
+    """``[(number, obligation)]`` for ``--kernel`` specs, numbered in order; ValueError names a bad one."""
+    tilings = [(cls, spec) for spec in specs for cls in load_tilings(spec)]
+    return [(number, TilingObligation(cls, spec, repro_dir)) for number, (cls, spec) in enumerate(tilings, start=1)]
+
+
+def implementation_name(cls: type, origin: str) -> str:
+    """How ``--impl`` names a tiling class: ``FILE.py:Name`` for a file, else ``module:Name``."""
+    where = origin.rpartition(":")[0]
+    return f"{where}:{cls.__name__}" if where.endswith(".py") else f"{cls.__module__}:{cls.__qualname__}"
+
+
+class TilingObligation:
+    """One tiling as an obligation of :mod:`attnformal.prove`: its checks and its negative controls."""
+
+    COST = 3
+
+    def __init__(self, cls: type, origin: str, repro_dir=None):
+        self.cls, self.origin, self.repro_dir = cls, origin, repro_dir
+        self.__name__ = implementation_name(cls, origin)
+        self.TITLE = f"kernel {cls.__name__}"
+        self.__doc__ = cls.__doc__ or ""
+        self.CONTROLS = [TilingControl(variant, origin, repro_dir) for variant in cls.controls]
+        self.CONTROLS.append(TilingControl(_one_tile_short(cls), origin, None))
+
+    def checks(self, settings, budget: Budget):
+        tiling = self.cls()
+        for family in (MASK_FAMILIES[name] for name in tiling.masks):
+            for name, proof, s in check_family(tiling, family, budget):
+                _with_replay(proof, s, self.__name__, self.repro_dir, name)
+                yield proof
+            for report in filter(None, (waste(tiling, family, budget), int32_limit(tiling, family, budget))):
+                yield report
+
+
+class TilingControl:
+    """A wrong variant: some obligation, for some family it claims, must be refuted."""
+
+    def __init__(self, variant: type, origin: str, repro_dir):
+        self.variant, self.origin, self.repro_dir = variant, origin, repro_dir
+        self.name = variant.__name__
+        self.breaks = variant.breaks or "(no description)"
+        owner = variant.__mro__[1].__name__
+        self.replaces = ", ".join(f"{owner}.{hook}" for hook in variant.overrides()) or owner
+
+    def run(self, settings, budget: Budget) -> Proof:
+        tiling = self.variant()
+        impl = implementation_name(self.variant, self.origin) if self.repro_dir else None
+        last = None
+        for family in (MASK_FAMILIES[name] for name in tiling.masks):
+            for name, proof, s in check_family(tiling, family, budget):
+                if proof.status == REFUTED:
+                    _with_replay(proof, s, impl, self.repro_dir, name)
+                    return proof
+                last = proof
+        return last or Proof(f"{self.name} is refuted", "z3", UNKNOWN, detail="no obligation applied")
+
+
+def _with_replay(proof: Proof, s: _Symbolic, impl, directory, obligation):
+    """Add the battery case of a refutation whose effect the executor's output shows.
+
+    Not for ``in bounds`` (a read outside the tensor that the mask then removes changes no output;
+    one that stays unmasked also refutes mask-safety, which writes the case) nor for ``backward``
+    (the executor's backward is autograd of its forward, not the tiling's ``q_blocks``).
+    """
+    if proof.status != REFUTED or impl is None or directory is None or obligation in NOT_REPLAYED:
+        return
+    command = counterexample_case(proof, s, impl, directory)
+    if command:
+        proof.detail = "; ".join(filter(None, (proof.detail, f"replay: {command}")))
+
+
+def _one_tile_short(cls: type) -> type:
+    """The generic control: the same tiling with the last tile of every range dropped."""
+    step = 1 if cls.kv_unit == "blocks" else cls.block_n
+
+    def kv_blocks(self, m_block, g):
+        lo, hi = cls.kv_blocks(self, m_block, g)
+        return lo, hi - step
+
+    def split(self, m_block, split_idx, g):
+        lo, hi = cls.split(self, m_block, split_idx, g)
+        return lo, ops.minimum(hi, cls.kv_blocks(self, m_block, g)[1] - step)
+
+    body = {"kv_blocks": kv_blocks, "controls": (), "__module__": cls.__module__,
+            "breaks": "the generic control: every range one tile short at the top"}
+    if cls.num_splits > 1:
+        body["split"] = split
+    return type(f"{cls.__name__}OneTileShort", (cls,), body)

@@ -1,0 +1,223 @@
+"""attnformal.tiling: the kernel-tiling DSL, its obligations, int32 limits, cases and ``prove --kernel``."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import sympy
+import torch
+import z3
+
+from attnformal import ops
+from attnformal.logic import PROVED, REFUTED, VACUOUS, Budget
+from attnformal.prove import main as prove_main
+from attnformal.tiling import (MASK_FAMILIES, KernelTiling, check_family, family_of, int32_limit, kernel_obligations,
+                               waste)
+from attnformal.masks import MaskGeometry
+
+
+def verdicts(tiling, family):
+    return {name: proof for name, proof, _ in check_family(tiling, MASK_FAMILIES[family], Budget(60))}
+
+
+class Causal(KernelTiling):
+    """A small bottom-right causal kernel written the way FlashAttention writes it."""
+
+    block_m, block_n = 16, 8
+    masks = ("dense", "bottom_right")
+
+    def kv_blocks(self, m_block, g):
+        n_max = self.ceil_div(g.len_k, self.block_n)
+        if g.causal:
+            n_max = ops.minimum(n_max, self.ceil_div((m_block + 1) * self.block_m + g.len_k - g.len_q, self.block_n))
+        return 0, n_max
+
+    def masked(self, m_block, n_block, g):
+        _, n_max = self.kv_blocks(m_block, g)
+        return n_block >= n_max - self.ceil_div(self.block_m, self.block_n) - 1  # the diagonal and the ragged edge
+
+
+# ---------------------------------------------------------------------------- ops for kernel arithmetic
+
+
+@pytest.mark.parametrize("a", [-9, -8, -1, 0, 1, 7, 8, 23])
+@pytest.mark.parametrize("b", [1, 3, 8])
+def test_truncating_division_and_shifts_agree_everywhere(a, b):
+    expected = int(a / b)  # C rounds toward zero
+    assert ops.truncdiv(a, b) == expected
+    assert ops.truncdiv(torch.tensor(a), b).item() == expected
+    assert z3.simplify(ops.truncdiv(z3.IntVal(a), b)).as_long() == expected
+    assert z3.simplify(ops.truncdiv(z3.BitVecVal(a, 32), b)).as_signed_long() == expected
+    assert ops.truncdiv(sympy.Integer(a), b) == expected
+    for family_value in (a, torch.tensor(a), sympy.Integer(a)):
+        assert int(ops.shr(family_value, 2)) == math.floor(a / 4) and int(ops.shl(family_value, 2)) == a * 4
+    assert z3.simplify(ops.shr(z3.IntVal(a), 2)).as_long() == math.floor(a / 4)
+
+
+# ---------------------------------------------------------------------------- the description
+
+
+@pytest.mark.parametrize("attribute, value", [("block_m", 0), ("division", "round"), ("int_bits", 16),
+                                              ("masks", "dense"), ("masks", ("dense", "diagonal")),
+                                              ("kv_unit", "rows"), ("num_splits", 2)])
+def test_a_malformed_description_names_the_attribute(attribute, value):
+    with pytest.raises(TypeError, match=f"Bad.{attribute}"):
+        type("Bad", (Causal,), {attribute: value})
+
+
+def test_family_of_a_concrete_geometry():
+    assert family_of(MaskGeometry(4, 6)).name == "dense"
+    assert family_of(MaskGeometry(4, 6, "bottom_right", (3, -1))).name == "bottom_right+window_left"
+    assert family_of(MaskGeometry(4, 6, None, (-1, -1))).name == "dense"
+
+
+def test_symbolic_lengths_in_a_python_if_get_a_clear_error():
+    class Branchy(Causal):
+        def kv_blocks(self, m_block, g):
+            return 0, g.len_k if g.len_k < g.len_q else g.len_q
+
+    with pytest.raises(z3.Z3Exception):
+        verdicts(Branchy(), "dense")
+    tiling = type("Branchy32", (Branchy,), {"int_bits": 32})()
+    with pytest.raises(TypeError, match="ops.where"):
+        int32_limit(tiling, MASK_FAMILIES["dense"], Budget(60))
+
+
+# ---------------------------------------------------------------------------- obligations
+
+
+def test_a_correct_kernel_is_proved_for_its_families():
+    for family in Causal.masks:
+        assert {name: p.status for name, p in verdicts(Causal(), family).items()} == \
+            {"complete": PROVED, "in bounds": PROVED, "mask-safe": PROVED}
+
+
+@pytest.mark.parametrize("breaks, obligation, attributes", [
+    ("top-left n_max", "complete",
+     {"kv_blocks": lambda self, m, g: (0, ops.minimum(self.ceil_div(g.len_k, 8), self.ceil_div((m + 1) * 16, 8)))}),
+    ("no mask on the diagonal", "mask-safe", {"masked": lambda self, m, n, g: n >= self.kv_blocks(m, g)[1] - 1}),
+    ("one block past the keys", "in bounds",
+     {"kv_blocks": lambda self, m, g: (0, Causal.kv_blocks(self, m, g)[1] + 1)}),
+])
+def test_each_obligation_refutes_its_bug_with_the_smallest_shape(breaks, obligation, attributes):
+    proof = verdicts(type("Wrong", (Causal,), attributes)(), "bottom_right")[obligation]
+    assert proof.status == REFUTED, breaks
+    shown = proof.countermodel
+    assert int(shown["Sq"]) + int(shown["Sk"]) <= 2 * 16 + 8  # minimised: a block or two, not thousands
+
+
+def test_top_left_against_bottom_right_names_the_missed_tile_and_an_allowed_pair():
+    wrong = type("TopLeft", (Causal,), {"kv_blocks": lambda self, m, g: (0, ops.minimum(
+        self.ceil_div(g.len_k, 8), self.ceil_div((m + 1) * 16, 8)))})()
+    shown = verdicts(wrong, "bottom_right")["complete"].countermodel
+    len_q, len_k, i, j, n_block = (int(shown[k]) for k in ("Sq", "Sk", "i", "j", "n_block"))
+    assert (len_q, len_k) == (1, 17) and (i, j, n_block) == (0, 16, 2)
+    assert j <= i + len_k - len_q and j // 8 == n_block  # allowed, and in the missed tile
+
+
+def test_division_semantics_are_the_kernels():
+    def first_block(division):
+        tiling = type("Signed", (Causal,), {"division": division, "kv_blocks": lambda self, m, g: (
+            self.div(g.len_k - g.len_q, self.block_n), self.ceil_div(g.len_k, self.block_n))})()
+        shown = verdicts(tiling, "dense")["in bounds"].countermodel
+        return int(shown["Sq"]) - int(shown["Sk"])
+
+    assert first_block("floor") == 1  # Sk - Sq = -1 floors to block -1
+    assert first_block("trunc") == 8  # C rounds -1..-7 to block 0; -8 is the first negative block
+
+
+def test_an_unsatisfiable_precondition_is_vacuous_not_proved():
+    impossible = type("Impossible", (Causal,), {"requires": lambda self, g: g.len_q < 0})()
+    assert verdicts(impossible, "dense")["complete"].status == VACUOUS
+
+
+def test_splits_must_be_disjoint_and_cover():
+    class Split(Causal):
+        num_splits = 2
+
+        def split(self, m_block, split_idx, g):
+            _, n_max = self.kv_blocks(m_block, g)
+            half = self.ceil_div(n_max, 2)
+            return (0, half) if split_idx == 0 else (half, n_max)
+
+    assert verdicts(Split(), "bottom_right")["splits"].status == PROVED
+    overlapping = type("Overlap", (Split,), {"split": lambda self, m, s, g: (0, Split.split(self, m, s, g)[1])})
+    assert verdicts(overlapping(), "bottom_right")["splits"].status == REFUTED
+
+
+def test_waste_is_measured_against_the_schedule():
+    everything = type("Everything", (Causal,), {"kv_blocks": lambda self, m, g: (0, self.ceil_div(g.len_k, 8)),
+                                                 "masked": lambda self, m, n, g: True})()
+    assert waste(everything, MASK_FAMILIES["bottom_right"], Budget(60)).detail == "waste: unbounded"
+    assert waste(Causal(), MASK_FAMILIES["bottom_right"], Budget(60)).detail.startswith("waste: 0 ")
+    one_extra = type("OneExtra", (Causal,), {"kv_blocks": lambda self, m, g: (
+        0, ops.minimum(self.ceil_div(g.len_k, 8), Causal.kv_blocks(self, m, g)[1] + 1))})()
+    assert waste(one_extra, MASK_FAMILIES["bottom_right"], Budget(60)).detail.startswith("waste: 1 ")
+
+
+def test_int32_limit_finds_the_smallest_overflowing_shape():
+    doubled = type("Doubled", (Causal,), {"int_bits": 32,
+                                          "kv_blocks": lambda self, m, g: (0, self.ceil_div(2 * g.len_k, 8))})()
+    proof = int32_limit(doubled, MASK_FAMILIES["dense"], Budget(60))
+    # ceil_div adds block_n first, as (a + b - 1) / b does in C: 2 * Sk + 8 leaves int32 from Sk = 2**30 - 4
+    assert proof.status == PROVED and "Sq = 1, Sk = 1073741820" in proof.detail
+    safe = type("Safe", (Causal,), {"int_bits": 32, "kv_blocks": lambda self, m, g: (0, 1)})()
+    assert int32_limit(safe, MASK_FAMILIES["dense"], Budget(60)).detail.endswith("any int32 shape")
+    assert int32_limit(Causal(), MASK_FAMILIES["dense"], Budget(60)) is None  # int_bits = None: not asked
+
+
+# ---------------------------------------------------------------------------- the command line and replay
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "kernel-tilings.md"
+
+
+def user_file(tmp_path) -> Path:
+    """The one-file example of docs/kernel-tilings.md, as a user would save it."""
+    code = DOC.read_text().split("```python\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "my_kernel.py"
+    path.write_text(code)
+    return path
+
+
+def test_the_documented_example_is_proved_from_its_file(tmp_path, monkeypatch, capsys):
+    path = user_file(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert prove_main(["--kernel", f"{path}:MyKernel", "--json", "run.json", "--report", "run.md"]) == 0
+    out = capsys.readouterr().out
+    assert "kernel MyKernel" in out and "1/1 obligations proved" in out and "2/2 controls refuted" in out
+    data = json.loads((tmp_path / "run.json").read_text())
+    claims = [p["claim"] for p in data["obligations"][0]["checks"]]
+    assert any(c.startswith("[bottom_right] int32") for c in claims) and any("waste" in c for c in claims)
+    assert "## 1. kernel MyKernel -- proved" in (tmp_path / "run.md").read_text()
+    control = next(c for c in data["controls"] if c["name"] == "MyKernelTopLeft")
+    assert f"--impl {path}:MyKernelTopLeft --replay" in control["proof"]["detail"]
+    assert "Sq = 1, Sk = 129, m_block = 0, n_block = 2, i = 0, j = 128" in out  # as the document shows
+
+
+def test_a_refutation_becomes_a_case_the_battery_reproduces(tmp_path, monkeypatch, capsys):
+    from attnformal.verify.__main__ import main as verify_main
+
+    path = user_file(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    obligation = kernel_obligations([f"{path}:MyKernel"], tmp_path / "repro")[0][1]
+    control = next(c for c in obligation.CONTROLS if c.name == "MyKernelTopLeft")
+    proof = control.run(None, Budget(60))
+    assert proof.status == REFUTED
+    case = tmp_path / "repro" / "tiling-MyKernelTopLeft-bottom_right-complete.pt"
+    capsys.readouterr()
+    assert verify_main(["--impl", f"{path}:MyKernelTopLeft", "--replay", str(case)]) == 1  # the bug shows
+    assert "FAIL" in capsys.readouterr().out
+    assert verify_main(["--impl", f"{path}:MyKernel", "--replay", str(case)]) == 0  # the right tiling passes
+    assert verify_main(["--impl", "torch-tiled", "--replay", str(case)]) == 0
+
+
+@pytest.mark.parametrize("spec, message", [("no_colon", "--kernel"), ("attnformal.ops:maximum", "KernelTiling"),
+                                           ("attnformal.no_such_module:X", "cannot import")])
+def test_bad_kernel_arguments_give_one_clear_error(spec, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        prove_main(["--kernel", spec])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

@@ -190,6 +190,13 @@ def torch_tiled_split(q, k, v, **kwargs):
     return attention(q, k, v, schedule=TileSchedule(block_m=32, block_n=32, num_splits=3), **kwargs)
 
 
+def ring(q, k, v, **kwargs):
+    """attnformal's ring attention: key slices on 3 gloo ranks (processes), states merged around the ring."""
+    from attnformal.kernels.ring import attention
+
+    return attention(q, k, v, **kwargs)
+
+
 def triton_flash(q, k, v, **kwargs):
     """attnformal's Triton kernel; CPU tensors run it under the Triton interpreter."""
     if q.device.type == "cpu" and "attnformal.kernels.triton_flash" not in sys.modules:
@@ -312,6 +319,7 @@ ALIASES = {
     "torch-tiled": torch_tiled,
     "torch-tiled-small": torch_tiled_small,
     "torch-tiled-split": torch_tiled_split,
+    "ring": ring,
     "triton-flash": triton_flash,
     "flash-attn": flash_attn,
     "xformers": xformers,

@@ -10,12 +10,27 @@ largest measured size; extrapolated entries are marked ``~`` and say so in the s
 
     nice .venv/bin/python benchmarks/bench_reference.py [--sizes 256,1024,4096] [--mp-sizes 64,128,256]
         [--threads 1]
+
+Long sequences (``--tiled-sizes 4096,16384,32768``): the tiled certified reference fwd+bwd against
+the fp64 oracle where its dense ``N x N`` matrices fit (``--oracle-max``), each in a fresh process:
+process CPU time, wall time and the process's peak resident memory (ru_maxrss). ``--workers-at N``
+runs the tiled reference at N on 1 and 2 local Dask workers (wall time; same bits) and
+extrapolates to 128k as c N^2 from the largest measured size.
+
+    nice .venv/bin/python benchmarks/bench_reference.py --sizes '' --tiled-sizes 4096,16384,32768 \
+        --workers-at 16384
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import json
+import os
 import platform
+import resource
+import subprocess
+import sys
 import time
 
 import torch
@@ -98,9 +113,78 @@ def report(times, sizes, mp_sizes):
                   f"({how}) -> {'met' if speedup >= GOAL_VS_MPMATH else 'MISSED'}")
 
 
+def one_run(path: str, n: int, dim: int, workers: int) -> dict:
+    """Run one path once in this (fresh) process: CPU and wall seconds of the call, peak RSS.
+
+    With workers, the local cluster is started before the clock starts (its start-up is
+    reported apart) and the workers' peak is the largest child's.
+    """
+    from attnformal.distributed import open_executor
+
+    q, k, v, do = inputs(n, dim)
+    start = time.perf_counter()
+    with open_executor(workers or None) as executor:
+        if workers:  # workers import torch and attnformal on their first task: not part of the cost measured
+            executor.client.run(importlib.import_module, "attnformal.reference.tiled")
+        startup = time.perf_counter() - start
+        worker_cpu = executor.client.run(time.process_time) if workers else {}
+        cpu, wall = time.process_time(), time.perf_counter()
+        if path == "oracle":
+            forward_backward(attention_oracle, *(t.double() for t in (q, k, v, do)))
+            radius = None
+        else:
+            radius = certified_attention(q, k, v, do, executor=executor).enclosure_radius
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        worker_cpu = sorted(t - worker_cpu[w] for w, t in executor.client.run(time.process_time).items()) \
+            if workers else []
+    return {"cpu_s": cpu, "wall_s": wall, "startup_s": startup, "radius": radius, "worker_cpu_s": worker_cpu,
+            "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "worker_peak_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
+
+
+def in_child(path: str, n: int, dim: int, threads: int, workers: int = 0) -> dict:
+    command = [sys.executable, __file__, "--one", f"{path}:{n}:{workers}", "--dim", str(dim), "--threads", str(threads)]
+    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def long_sequences(sizes, oracle_max, dim, threads):
+    print(f"\n{'N':>6} {'path':16} {'CPU s':>9} {'wall s':>9} {'peak MiB':>9} {'largest radius':>15}")
+    for n in sizes:
+        for path in ("certified-tiled", "oracle"):
+            if path == "oracle" and n > oracle_max:
+                print(f"{n:6} {path:16} {'-':>9} {'-':>9} ~{6 * n * n * 8 / 2**20:8.0f} (dense N x N, not run)")
+                continue
+            r = in_child(path, n, dim, threads)
+            radius = f"{r['radius']:.3g}" if path != "oracle" else ""
+            print(f"{n:6} {path:16} {r['cpu_s']:9.1f} {r['wall_s']:9.1f} {r['peak_mib']:9.0f} {radius:>15}", flush=True)
+
+
+def workers_compare(n, dim, threads):
+    print(f"\ntiled certified fwd+bwd at N={n}, D={dim}: 1 process vs local Dask workers (wall of the call)")
+    walls = {}
+    for workers in (0, 1, 2):
+        r = in_child("certified-tiled", n, dim, threads, workers)
+        walls[workers] = r["wall_s"]
+        label = "in process" if workers == 0 else f"{workers} worker(s)"
+        busy = ", ".join(f"{t:.1f}" for t in r["worker_cpu_s"])
+        workers_note = f", worker CPU [{busy}] s, cluster start {r['startup_s']:.1f} s, worker peak " \
+                       f"{r['worker_peak_mib']:.0f} MiB" if workers else ""
+        print(f"  {label:12} wall {r['wall_s']:8.1f} s  driver CPU {r['cpu_s']:7.1f} s  driver peak "
+              f"{r['peak_mib']:6.0f} MiB{workers_note}", flush=True)
+    print(f"  load average while measuring: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    scale = (131072 / n) ** 2
+    print(f"  extrapolated to N=131072 (x{scale:.0f}, c N^2): in process ~{walls[0] * scale / 3600:.1f} h, "
+          f"2 workers ~{walls[2] * scale / 3600:.1f} h; speed-up 1 -> 2 workers {walls[1] / walls[2]:.2f}x")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="256,1024,4096")
+    parser.add_argument("--tiled-sizes", default="", help="long sequences: tiled certified vs oracle, fresh processes")
+    parser.add_argument("--oracle-max", type=int, default=8192, help="largest N at which the dense oracle is run")
+    parser.add_argument("--workers-at", type=int, help="compare 1 process, 1 and 2 local Dask workers at this N")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # PATH:N:WORKERS, run in a child process
     parser.add_argument("--mp-sizes", default="64,128,256", help="sizes at which mpmath is actually run")
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--repeat", type=int, default=2, help="runs per oracle/certified timing (best is kept)")
@@ -111,12 +195,21 @@ def main():
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    sizes = [int(s) for s in args.sizes.split(",")]
-    mp_sizes = [int(s) for s in args.mp_sizes.split(",")]
+    if args.one:
+        path, n, workers = args.one.split(":")
+        print(json.dumps(one_run(path, int(n), args.dim, int(workers))))
+        return
     print(f"bench_reference: B*H=1, D=Dv={args.dim}, bf16 inputs, seed 0; torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, {platform.processor() or platform.machine()}; wall-clock seconds")
-    times = measure(sizes, mp_sizes, args.dim, args.repeat)
-    report(times, sizes, mp_sizes)
+    if args.sizes:
+        sizes = [int(s) for s in args.sizes.split(",")]
+        mp_sizes = [int(s) for s in args.mp_sizes.split(",")]
+        times = measure(sizes, mp_sizes, args.dim, args.repeat)
+        report(times, sizes, mp_sizes)
+    if args.tiled_sizes:
+        long_sequences([int(s) for s in args.tiled_sizes.split(",")], args.oracle_max, args.dim, args.threads)
+    if args.workers_at:
+        workers_compare(args.workers_at, args.dim, args.threads)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """``python -m attnformal.reference``: write golden files and check implementations against them.
 
-    generate --shape B,Hq,Hkv,Sq,Sk,D[,Dv] --dtype bf16 --seed N --out FILE [options]
+    generate --shape B,Hq,Hkv,Sq,Sk,D[,Dv] --dtype bf16 --seed N --out FILE [--workers N | --cluster ADDRESS] [options]
     check FILE --impl IMPL [--rtol R --atol A] [--device DEV]
 
 Exit status: 0 written / passed, 1 check failed (wrong values, or the implementation raised
@@ -20,6 +20,7 @@ import torch
 
 from attnformal import cli
 from attnformal.adapters import ALIASES, resolve
+from attnformal.distributed import EngineMissing, open_executor
 from attnformal.reference import cost, golden
 from attnformal.reference.certified import CertificationError
 from attnformal.reference.check import ImplementationError, loose_radius
@@ -42,7 +43,7 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
         return args.run(args)
-    except (SpecError, golden.GoldenError, CertificationError, Refused, ValueError) as err:
+    except (SpecError, golden.GoldenError, CertificationError, Refused, ValueError, EngineMissing) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -85,6 +86,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="raise the precision until every radius is <= R")
     gen.add_argument("--prec", type=int, metavar="BITS",
                      help="Arb at BITS bits (default: the float64 tier; 128 for fp64)")
+    gen.add_argument("--workers", type=int, help="run the float64 tier's tiles on a local Dask cluster of N worker "
+                                                 "processes (pip install 'attnformal[distributed]'); same result")
+    gen.add_argument("--cluster", metavar="ADDRESS", help="run them on the Dask scheduler at ADDRESS (tcp://host:port)")
     gen.set_defaults(run=_generate)
 
     chk = commands.add_parser("check", help="run an implementation against a golden file",
@@ -119,6 +123,10 @@ def _generate(args) -> int:
         out = cli.output_file(args.out)
     except ValueError as err:
         raise ValueError(f"argument --out: {err}") from None
+    arb_tier = args.prec is not None or (args.max_radius is None and golden.default_prec(dtype) is not None)
+    if arb_tier and (args.workers is not None or args.cluster is not None):
+        raise ValueError("argument '--workers'/'--cluster': they run the float64 tier's tiles, but this case uses "
+                         "the Arb tier (--prec, or float64 inputs), which runs in this process")
     protocol = {"scale": args.scale, "causal": None if args.causal == "none" else args.causal,
                 "window": None if args.window is None else tuple(args.window), "kv_lens": args.kv_lens,
                 "softcap": args.softcap, "dropout_p": args.dropout_p}
@@ -135,8 +143,9 @@ def _generate(args) -> int:
     if estimate is not None:
         _check_estimate(estimate, dtype, args)
     start = time.perf_counter()
-    result = golden.generate(inputs, max_radius=args.max_radius, prec=args.prec,
-                             progress=ProgressBar(sys.stderr), **protocol)
+    with open_executor(args.workers, args.cluster) as executor:
+        result = golden.generate(inputs, max_radius=args.max_radius, prec=args.prec, executor=executor,
+                                 progress=ProgressBar(sys.stderr), **protocol)
     _check_radii(result, dtype, args)
     generator = {"shape": list(shape), "input_scale": args.input_scale,
                  "attn_mask_density": args.attn_mask_density, "command": " ".join(sys.argv[1:])}

@@ -12,9 +12,14 @@ inputs, lies within ``value +- radius``. Two tiers compute the same pipeline:
   float64 tier cannot certify (overflow, exotic constants).
 
 With ``max_radius`` the precision is raised (float64, then Arb at 128, 256, ... bits) until
-every enclosure's radius is at most ``max_radius`` (absolute). Both tiers run the same
-steps, written once in :func:`_rows`: the FlashAttention-2 formulas, dense, per block of
-query rows::
+every enclosure's radius is at most ``max_radius`` (absolute).
+
+The float64 tier runs **tiled** by default (:mod:`~attnformal.reference.tiled`): the spec's own
+``block_state``/``merge``/``finalize``/``tile_grads`` on float64 balls, tile by tile, in memory
+linear in the sequence length, as tasks an executor may spread over a cluster. The Arb tier,
+and the float64 tier with ``dense=True`` (an independent cross-check of the tiled one: no
+merge, no schedule), run the same steps written once in :func:`_rows`: the FlashAttention-2
+formulas, dense, per block of query rows::
 
     s = scale q k^T (softcapped), E = exp(s - shift), l = sum E, P = E / l
     out = kappa (P o keep) v,  lse = shift + log l            (kappa = 1 / (1 - p))
@@ -37,6 +42,7 @@ import numpy as np
 import torch
 from flint import arb, ctx
 
+from attnformal import ops
 from attnformal.reference import arb_balls, fp64_balls
 from attnformal.spec import AttentionSpec, SpecError
 
@@ -96,7 +102,7 @@ class CertifiedResult:
 
 def certified_attention(q, k, v, grad_out=None, *, max_radius: float | None = None,
                         prec: int | None = None, progress: Callable[[int, int], None] | None = None,
-                        **protocol) -> CertifiedResult:
+                        executor=None, tiling=None, dense: bool = False, **protocol) -> CertifiedResult:
     """Certified out, lse (and dQ, dK, dV for ``grad_out``) of the implementation protocol.
 
     ``q, k, v`` as in the protocol (any supported dtype; their values are taken exactly),
@@ -104,7 +110,10 @@ def certified_attention(q, k, v, grad_out=None, *, max_radius: float | None = No
     kv_lens, softcap, dropout_p, dropout_mask`` (dropout needs its keep-mask to replay).
     ``max_radius``: absolute bound every enclosure must meet (precision is raised until it
     does, or :class:`CertificationError`). ``prec``: force the Arb tier at ``prec`` bits.
-    ``progress(done, total)`` is called after each block of query rows.
+    ``progress(done, total)`` is called after each task (block of query rows on the dense path).
+    ``executor``: where the float64 tier's tasks run (:mod:`attnformal.distributed`; default:
+    this process); the result is bitwise the same. ``tiling``: a :class:`~attnformal.reference.tiled.Tiling`
+    (tile and task sizes). ``dense``: the float64 tier without tiles.
     """
     spec = AttentionSpec.from_inputs(q, k, v, **protocol)
     inputs = exact_inputs(spec, q, k, v, grad_out)
@@ -113,7 +122,7 @@ def certified_attention(q, k, v, grad_out=None, *, max_radius: float | None = No
     if prec is not None and (not isinstance(prec, int) or not 64 <= prec <= ARB_MAX_PREC):
         raise SpecError("prec", f"None or an int number of bits in [64, {ARB_MAX_PREC}]", repr(prec))
     if prec is None:
-        result = _try_fp64(spec, inputs, progress)
+        result = _try_fp64(spec, inputs, progress, executor, tiling, dense)
         if result is not None and _meets(result, max_radius):
             return result
         prec = ARB_START_PREC
@@ -132,11 +141,34 @@ def _meets(result: CertifiedResult, max_radius) -> bool:
     return finite and (max_radius is None or result.enclosure_radius <= max_radius)
 
 
-def _try_fp64(spec, inputs, progress):
+def _try_fp64(spec, inputs, progress, executor, tiling, dense):
     try:
-        return _run(fp64_balls, spec, inputs, progress, None)
+        if dense:
+            return _run(fp64_balls, spec, inputs, progress, None)
+        return _run_tiled(spec, inputs, progress, executor, tiling)
     except fp64_balls.OutOfRange:
         return None
+
+
+def _run_tiled(spec, x: dict, progress, executor, tiling) -> CertifiedResult:
+    from attnformal.distributed import InProcess
+    from attnformal.reference.tiled import Problem, Tiling, tiled_balls
+
+    kappa = None
+    if spec.dropout_mask is not None:
+        with _arb_precision(ARB_START_PREC):
+            kappa = fp64_balls.const(1 / (1 - arb(spec.dropout_p)))
+    problem = Problem(spec, x["q"], x["k"], x["v"], x.get("grad_out"), kappa, tiling or Tiling())
+    balls = {name: b.ball for name, b in tiled_balls(problem, executor or InProcess(), progress).items()}
+    balls["lse"] = fp64_balls.Ball(balls["lse"].mid[..., 0], balls["lse"].rad[..., 0])
+    for name in ("dk", "dv"):
+        if name in balls:
+            balls[name] = _sum_query_heads(fp64_balls, spec, balls[name])
+    values = {}
+    for name, ball in balls.items():
+        values[name], values[f"{name}_radius"] = ball
+    enclosure = max(fp64_balls.enclosure_radius(ball) for ball in balls.values())
+    return CertifiedResult(spec=spec, tier="float64", enclosure_radius=enclosure, **values)
 
 
 # ---------------------------------------------------------------- inputs
@@ -251,7 +283,7 @@ def _rows(bk, spec: AttentionSpec, q, k, v, grad_out, allowed, keep, kappa) -> d
 
 def _row_shift(s_mid: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     """The exact float each row's scores are shifted by: their largest midpoint, 0 if none."""
-    shift = s_mid.masked_fill(~allowed, -math.inf).amax(-1, keepdim=True)
+    shift = ops.rowmax(s_mid.masked_fill(~allowed, -math.inf))  # -inf for a row of no keys (Sk = 0)
     return torch.where(torch.isfinite(shift), shift, 0.0)
 
 

@@ -102,13 +102,18 @@ def default_prec(dtype: torch.dtype) -> int | None:
     return 128 if dtype == torch.float64 else None
 
 
-def generate(inputs: dict, *, max_radius=None, prec=None, progress=None, **protocol) -> CertifiedResult:
-    """The certified reference (out, lse, gradients for ``inputs['grad_out']``) of a case."""
+def generate(inputs: dict, *, max_radius=None, prec=None, progress=None, executor=None,
+             **protocol) -> CertifiedResult:
+    """The certified reference (out, lse, gradients for ``inputs['grad_out']``) of a case.
+
+    ``executor`` (:mod:`attnformal.distributed`) runs the float64 tier's tiles; the Arb tier
+    (``prec``, and float64 inputs by default) runs in this process.
+    """
     masks = {name: inputs[name] for name in ("attn_mask", "dropout_mask") if name in inputs}
     if prec is None and max_radius is None:
         prec = default_prec(inputs["q"].dtype)
     return certified_attention(inputs["q"], inputs["k"], inputs["v"], inputs["grad_out"], max_radius=max_radius,
-                               prec=prec, progress=progress, **masks, **protocol)
+                               prec=prec, progress=progress, executor=executor, **masks, **protocol)
 
 
 # ---------------------------------------------------------------- writing

@@ -5,7 +5,9 @@ it passes, fails with the battery's account (worst errors, where they sit, the l
 a reproducer), or is skipped when the implementation does not support it (a failure for a
 feature named by ``--attn-require``). A last test, ``attnformal-verify::verdict``, is the
 battery's verdict on the tests that ran: it fails for a failing check, and when they
-verified nothing or less than the battery's minimum (see :mod:`.battery`). Without ``--attn-impl`` the plugin adds nothing.
+verified nothing or less than the battery's minimum (see :mod:`.battery`). Under pytest-xdist (``-n N``) no worker sees every
+result, so the controller judges them at the end instead: it prints the verdict and fails the
+session unless it is PASS. Without ``--attn-impl`` the plugin adds nothing.
 
 The options mean what the command line's do (list options take spaces or commas, unknown
 names are usage errors); reproducers go to ``<rootdir>/verify-repro/<impl>/``. With
@@ -17,6 +19,7 @@ Installed through the ``pytest11`` entry point; without it, ``-p attnformal.veri
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import pytest
@@ -82,7 +85,60 @@ def pytest_collection_modifyitems(session, config, items):
     battery = Battery.from_parent(session, name=COLLECTOR_NAME)
     battery.prepare(_settings(config))
     config.add_cleanup(battery.close)
-    items.extend(battery.collect())
+    items.extend(battery.collect(verdict_item=not _xdist_worker(config)))
+
+
+def _xdist_worker(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def _xdist_controller(config) -> bool:
+    return config.pluginmanager.hasplugin("dsession")
+
+
+@pytest.hookimpl(trylast=True)  # after xdist has registered its controller (dsession)
+def pytest_configure(config):
+    if config.getoption("--attn-impl") and _xdist_controller(config):
+        config.pluginmanager.register(XdistVerdict(config), "attnformal-verify-xdist-verdict")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A check's (result, capabilities) rides on its report, which xdist carries to the controller."""
+    outcome = yield
+    if call.when == "call" and hasattr(item, "battery_result"):
+        outcome.get_result().battery_result = item.battery_result
+
+
+class XdistVerdict:
+    """On xdist's controller: the verdict on every worker's results, at the end of the session."""
+
+    def __init__(self, config):
+        self.config, self.seen = config, []
+
+    def pytest_runtest_logreport(self, report):
+        if getattr(report, "battery_result", None) is not None:
+            self.seen.append(pickle.loads(report.battery_result))
+
+    def pytest_sessionfinish(self, session):
+        if not self.seen:
+            return
+        capabilities = {name: caps for _, found in self.seen for name, caps in found.items()}
+        verdict, reasons = _judge(_settings(self.config), [result for result, _ in self.seen], capabilities)
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line("\n".join([f"{COLLECTOR_NAME} verdict: {verdict}", *reasons]))
+        if verdict != "PASS":
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _judge(settings, results, capabilities):
+    report = BatteryReport(settings, results=results, state="complete",
+                           dtypes=tuple(dtype_name(d) for d in settings.dtypes), capabilities=capabilities)
+    report.coverage = run_coverage(report.results, selected_all=not settings.only)
+    verdict, reasons = judge(report)
+    failed = sum(r.failed for r in report.results)
+    return verdict, reasons + ([f"{failed} checks failed (above)"] if failed and verdict != "PASS" else [])
 
 
 class Battery(pytest.Collector):
@@ -94,10 +150,10 @@ class Battery(pytest.Collector):
         self.capabilities: dict = {}
         self.results: list = []
 
-    def collect(self):
+    def collect(self, verdict_item=True):
         items = [CheckItem.from_parent(self, name=f"{chk.name}[{dtype_name(dtype)}]", check=chk, dtype=dtype)
                  for chk, dtype in planned(self.settings)]
-        return items + [VerdictItem.from_parent(self, name="verdict")]
+        return items + ([VerdictItem.from_parent(self, name="verdict")] if verdict_item else [])
 
     def run(self, check, dtype):
         import torch
@@ -136,6 +192,8 @@ class CheckItem(pytest.Item):
 
     def runtest(self):
         result = self.parent.run(self.check, self.dtype)
+        caps = {name: c for name, c in self.parent.capabilities.items() if name == dtype_name(self.dtype)}
+        self.battery_result = pickle.dumps((result, caps))
         if result.failed:
             raise CheckFailed(result)
         if result.status == "unsupported":
@@ -162,14 +220,9 @@ class VerdictItem(pytest.Item):
         battery = self.parent
         if not battery.results:
             pytest.skip("no check of the battery ran (all deselected)")
-        report = BatteryReport(battery.settings, results=battery.results, state="complete",
-                               dtypes=tuple(dtype_name(d) for d in battery.settings.dtypes),
-                               capabilities=battery.capabilities)
-        report.coverage = run_coverage(report.results, selected_all=not battery.settings.only)
-        verdict, reasons = judge(report)
+        verdict, reasons = _judge(battery.settings, battery.results, battery.capabilities)
         if verdict != "PASS":
-            failed = sum(r.failed for r in report.results)
-            raise VerdictFailed(verdict, reasons + ([f"{failed} checks failed (above)"] if failed else []))
+            raise VerdictFailed(verdict, reasons)
 
     def repr_failure(self, excinfo, style=None):
         if not isinstance(excinfo.value, VerdictFailed):

@@ -33,4 +33,17 @@ def test_two_workers_give_the_serial_verdicts_and_accounts(pytester):
     parallel, output = verdicts(pytester, "parallel", "-n", "2")
     assert "2 workers" in output
     assert {outcome for outcome, _ in serial.values()} == {"passed", "failure", "skipped"}  # nothing vacuous
-    assert parallel == serial
+    serial_verdict = serial.pop("verdict")
+    assert parallel == serial  # every check, its outcome and its account
+    # No worker sees every result, so the controller gives the verdict: the serial one, for all the checks.
+    assert serial_verdict[0] == "failure" and serial_verdict[1].startswith("verdict: FAIL")
+    assert "attnformal-verify verdict: FAIL" in output and "4 checks failed (above)" in output
+    assert "4 checks failed (above)" in serial_verdict[1]
+
+
+def test_two_workers_fail_a_run_that_verified_nothing(pytester):
+    """Every check skipped: no test fails, yet the controller's verdict fails the session."""
+    result = pytester.runpytest_subprocess(*load_plugin(), "-p", "no:cacheprovider", "-n", "2", "--attn-impl",
+                                           f"{EXAMPLE}:attention", "--attn-only", "mask.window mask.kv_lens")
+    assert "attnformal-verify verdict: NOTHING VERIFIED" in result.stdout.str()
+    assert result.ret == 1 and "failed" not in result.parseoutcomes()

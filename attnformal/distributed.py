@@ -119,8 +119,9 @@ def open_executor(workers: int | None = None, cluster: str | None = None, *, wha
 
     # Dask gives its workers MALLOC_TRIM_THRESHOLD_, which turns off glibc's adaptive mmap threshold:
     # every tile-sized temporary is then a fresh mmap with page faults (measured: 3.5x the CPU of
-    # the same task in this process). Local workers go without it.
+    # the same task in this process). Local workers go without it. The scheduler's HTTP server takes
+    # any free port (None would mean 8787, and a warning whenever another cluster holds it).
     with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None, **(config or {})}), \
-            engine.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
+            engine.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0",
                                 memory_limit=0, silence_logs=logging.CRITICAL) as local, engine.Client(local) as client:
         yield DaskExecutor(client)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from attnformal import cli
 from attnformal.adapters import ALIASES, resolve
-from attnformal.distributed import EngineMissing
+from attnformal.distributed import EngineMissing, require_engine
 from attnformal.verify import report as reporting
 from attnformal.verify.baseline import compare_baseline, load_baseline, save_baseline
 from attnformal.verify.battery import EXIT_CODES, make_executor, run_battery
@@ -73,7 +73,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def settings_from(args) -> Settings:
-    """Settings from parsed arguments; a ValueError names the option that is wrong."""
+    """Settings from parsed arguments; a ValueError names the option that is wrong, and
+    :class:`EngineMissing` says how to install the engine --workers and --cluster need."""
     dtypes = parse_dtypes(args.dtypes or DEFAULT_DTYPES)
     require = parse_features(args.require)
     only = parse_patterns(args.only, args.profile)
@@ -82,6 +83,8 @@ def settings_from(args) -> Settings:
         raise cli.UsageError("--workers", "expected --workers or --cluster, not both")
     if args.replay and (args.workers or args.cluster):
         raise cli.UsageError("--replay", "replays one case in this process; expected no --workers or --cluster")
+    if args.workers or args.cluster:
+        require_engine("--workers/--cluster")
     impl = resolve(args.impl)
     folder = args.repro_dir / cli.impl_slug(args.impl)
     if not args.replay:
@@ -133,19 +136,33 @@ def main(argv=None) -> int:
         if args.replay:
             load_reproducer(args.replay)
         baseline = load_baseline(args.baseline) if args.baseline else None
-        executor = make_executor(settings)
     except (ValueError, EngineMissing) as err:
         p.error(str(err))
     with _sigterm_as_interrupt():
         try:
-            if args.replay:
-                return _replay(settings, executor, args.replay)
-            return _run(args, settings, executor, baseline)
-        except KeyboardInterrupt:  # during a replay; a battery run reports what finished itself
+            executor = _executor(p, settings)
+            try:
+                if args.replay:
+                    return _replay(settings, executor, args.replay)
+                return _run(args, settings, executor, baseline)
+            finally:
+                executor.close()
+        except KeyboardInterrupt:  # while a cluster starts, or during a replay; a battery run reports what finished
             print("interrupted", file=sys.stderr)
             return EXIT_CODES["INTERRUPTED"]
-        finally:
-            executor.close()
+
+
+def _executor(p: argparse.ArgumentParser, settings: Settings):
+    """The executor of the run; a cluster that cannot be had is a usage error."""
+    if settings.workers:
+        print(f"attnformal.verify: starting a local Dask cluster of {settings.workers} worker processes",
+              file=sys.stderr, flush=True)
+    elif settings.cluster:
+        print(f"attnformal.verify: connecting to the Dask scheduler at {settings.cluster}", file=sys.stderr, flush=True)
+    try:
+        return make_executor(settings)
+    except (ValueError, EngineMissing) as err:
+        p.error(str(err))
 
 
 def _replay(settings: Settings, executor, path: Path) -> int:

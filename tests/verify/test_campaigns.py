@@ -120,3 +120,12 @@ def test_bad_campaign_options_are_one_clear_error(argv, message, capsys):
         main(["--impl", "sdpa-math", *argv])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_isolation_on_workers_that_cannot_start_processes_is_refused_with_the_fix(capsys, tmp_path):
+    daemonic_workers = {"distributed.worker.daemon": True}  # Dask's default (the module's cluster sets False meanwhile)
+    with open_executor(workers=1, config=daemonic_workers) as daemonic:  # multiprocessing refuses them children
+        with pytest.raises(SystemExit) as exit_info:
+            main(["--impl", EXAMPLE, "--cluster", daemonic.client.scheduler.address, "--repro-dir", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and "DASK_DISTRIBUTED__WORKER__DAEMON=False" in err[-1] and "--no-isolate" in err[-1]

@@ -223,7 +223,8 @@ def output_file(path, option: str | None = None) -> Path:
                                    "replaced")
     folder = path.parent
     if not folder.is_dir():
-        raise _refusal(option, f"the folder {str(folder)!r} {'is not a folder' if folder.exists() else 'does not exist'}")
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise _refusal(option, f"the folder {str(folder)!r} {what}")
     _try_writing(folder, option)
     return path
 

@@ -96,8 +96,9 @@ def open_executor(workers: int | None = None, cluster: str | None = None, *, wha
     Neither argument: :class:`InProcess`. ``workers=N``: a local Dask cluster of N worker
     processes with one thread each, started here and stopped at the end, under the Dask
     settings ``config`` as well as ours; Dask's log lines are silenced (the caller reports what
-    went wrong: a lost worker, a task that raised). ``cluster=ADDRESS``: a client of the Dask scheduler at
-    ADDRESS (configured by whoever started it). ``what`` names the caller's option in errors.
+    went wrong: a lost worker, a task that raised). ``cluster=ADDRESS``: a client of the Dask
+    scheduler at ADDRESS (configured by whoever started it). ``what`` names the caller's option
+    in errors.
     """
     if workers is not None and cluster is not None:
         raise ValueError(f"{what}: give --workers or --cluster, not both")
@@ -111,7 +112,8 @@ def open_executor(workers: int | None = None, cluster: str | None = None, *, wha
         try:
             client = engine.Client(cluster)
         except (OSError, ValueError) as err:  # unreachable (after Dask's connect timeout), or not an address
-            raise ValueError(f"argument '--cluster': cannot connect to a Dask scheduler at {cluster!r} ({err})") from None
+            raise ValueError(f"argument '--cluster': cannot connect to a Dask scheduler at {cluster!r} ({err})") \
+                from None
         with client:
             yield DaskExecutor(client)
         return

@@ -53,7 +53,8 @@ def time_battery(profiles, impls, isolate, workers):
             unsupported = sorted({x["check"] for x in r["results"] if x["status"] == "unsupported"})
             print(f"| {alias}{where} | {profile} | {r['verdict']} | {r['seconds']:.1f} | "
                   f"{r['cpu_seconds']:.1f} | {counts['pass']} / {counts['FAIL']} / {counts['unsupported']} | "
-                  f"{r['coverage']['run']} / {r['coverage']['refused']} | {', '.join(unsupported)} | {wall:.1f} | {tree:.1f} |",
+                  f"{r['coverage']['run']} / {r['coverage']['refused']} | {', '.join(unsupported)} | {wall:.1f} | "
+                  f"{tree:.1f} |",
                   flush=True)
 
 

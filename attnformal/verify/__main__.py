@@ -16,14 +16,14 @@ from pathlib import Path
 
 from attnformal import cli
 from attnformal.adapters import ALIASES, resolve
-from attnformal.distributed import EngineMissing, require_engine
+from attnformal.distributed import EngineMissing
 from attnformal.verify import report as reporting
 from attnformal.verify.baseline import compare_baseline, load_baseline, save_baseline
 from attnformal.verify.battery import EXIT_CODES, make_executor, run_battery
 from attnformal.verify.calls import FEATURES
 from attnformal.verify.checks import CHECKS
 from attnformal.verify.execute import Task
-from attnformal.verify.options import parse_dtypes, parse_features, parse_patterns
+from attnformal.verify.options import check_campaign, parse_dtypes, parse_features, parse_patterns
 from attnformal.verify.outputs import PREVIOUS, RESULTS, ResultsStream, start_folder
 from attnformal.verify.replay import describe_replay, load_reproducer
 from attnformal.verify.runner import Settings
@@ -31,7 +31,8 @@ from attnformal.verify.tolerances import PROFILES
 
 PROG = "python -m attnformal.verify"
 DEFAULT_DTYPES = "float32 bfloat16"
-EXAMPLE = f"{PROG} --impl examples/causal_alignment_bug.py:attention --only 'mask.*'\n  {PROG} --impl sdpa-math --workers 2 --junit verify.xml"
+EXAMPLE = (f"{PROG} --impl examples/causal_alignment_bug.py:attention --only 'mask.*'\n"
+           f"  {PROG} --impl sdpa-math --workers 2 --junit verify.xml")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -79,12 +80,9 @@ def settings_from(args) -> Settings:
     require = parse_features(args.require)
     only = parse_patterns(args.only, args.profile)
     cli.check_device(args.device)
-    if args.workers is not None and args.cluster is not None:
-        raise cli.UsageError("--workers", "expected --workers or --cluster, not both")
+    check_campaign(args.workers, args.cluster)
     if args.replay and (args.workers or args.cluster):
         raise cli.UsageError("--replay", "replays one case in this process; expected no --workers or --cluster")
-    if args.workers or args.cluster:
-        require_engine("--workers/--cluster")
     impl = resolve(args.impl)
     folder = args.repro_dir / cli.impl_slug(args.impl)
     if not args.replay:

@@ -302,7 +302,8 @@ class Distributed:
         from distributed import KilledWorker
 
         if isinstance(error, KilledWorker):
-            return lost_result(self.settings, task, "crash", f"the Dask worker {error.last_worker.address} was lost", None), None
+            lost = f"the Dask worker {error.last_worker.address} was lost"
+            return lost_result(self.settings, task, "crash", lost, None), None
         return error_result(task, "".join(traceback.format_exception_only(error))), None
 
     def close(self):

@@ -1,4 +1,4 @@
-"""The battery's own option vocabulary -- dtypes, features, check patterns -- shared by
+"""The battery's own option vocabulary -- dtypes, features, check patterns, campaigns -- shared by
 ``python -m attnformal.verify`` and the pytest plugin.
 
 The grammar is every command line's (:mod:`attnformal.cli`): list options take names
@@ -15,6 +15,7 @@ import fnmatch
 import torch
 
 from attnformal.cli import DTYPES, UsageError, split_list
+from attnformal.distributed import require_engine
 from attnformal.verify.calls import FEATURES
 from attnformal.verify.checks import CHECKS
 
@@ -47,3 +48,12 @@ def parse_patterns(values, profile: str, option="--only") -> tuple[str, ...]:
         if profile != "full" and all(c.full_only for c in matches):
             raise UsageError(option, f"{pattern!r} matches only checks of --profile full")
     return patterns
+
+
+def check_campaign(workers: int | None, cluster: str | None, options=("--workers", "--cluster")):
+    """``workers`` or ``cluster``, not both, and the engine they need installed (else
+    :class:`~attnformal.distributed.EngineMissing`, which says how to install it)."""
+    if workers is not None and cluster is not None:
+        raise UsageError(options[0], f"expected {options[0]} or {options[1]}, not both")
+    if workers or cluster:
+        require_engine("/".join(options))

@@ -28,11 +28,11 @@ from pathlib import Path
 import pytest
 
 from attnformal import cli
-from attnformal.distributed import EngineMissing, require_engine
+from attnformal.distributed import EngineMissing
 from attnformal.verify.battery import BatteryReport, judge, make_executor, planned
 from attnformal.verify.coverage import run_coverage
 from attnformal.verify.execute import Task
-from attnformal.verify.options import parse_dtypes, parse_features, parse_patterns
+from attnformal.verify.options import check_campaign, parse_dtypes, parse_features, parse_patterns
 from attnformal.verify.outputs import start_folder
 from attnformal.verify.runner import CheckResult, Settings, dtype_name
 from attnformal.verify.tolerances import PROFILES
@@ -75,13 +75,10 @@ def _settings(config) -> Settings:
         only = parse_patterns(option("--attn-only"), option("--attn-profile"), "--attn-only")
         cli.check_device(option("--attn-device"), "--attn-device")
         workers, cluster = option("--attn-workers"), option("--attn-cluster")
-        if workers is not None and cluster is not None:
-            raise cli.UsageError("--attn-workers", "expected --attn-workers or --attn-cluster, not both")
+        check_campaign(workers, cluster, ("--attn-workers", "--attn-cluster"))
         if (workers or cluster) and _xdist_worker(config):
             raise cli.UsageError("--attn-workers", "spreads the checks over a Dask cluster; under pytest-xdist "
                                                    "(-n) they are spread already: expected one or the other")
-        if workers or cluster:
-            require_engine("--attn-workers/--attn-cluster")
     except (ValueError, EngineMissing) as err:
         raise pytest.UsageError(f"attnformal.verify: {err}") from None
     isolate = option("attn_isolate")

@@ -89,7 +89,8 @@ def _where(s) -> str:
     if not s.distributed:
         return (f"isolated in a worker process (a crash or a call over {s.case_timeout:g} s fails its check)"
                 if s.isolate else "in this process (--isolate to survive crashes and hangs)")
-    cluster = f"a local Dask cluster of {s.workers} worker processes" if s.workers else f"the Dask cluster at {s.cluster}"
+    cluster = f"a local Dask cluster of {s.workers} worker processes" if s.workers else \
+        f"the Dask cluster at {s.cluster}"
     if s.isolate:
         return (f"on {cluster}, each check isolated in a child process of its worker (a crash or a call over "
                 f"{s.case_timeout:g} s fails its check)")

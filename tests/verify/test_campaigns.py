@@ -83,7 +83,8 @@ def test_a_segfault_on_a_cluster_fails_its_check_as_a_crash_and_the_run_goes_on(
         assert all(r["status"] == "pass" for r in by_check.values()) and len(by_check) == 4  # the run went on
         if isolate == "--isolate":
             assert "signal SIGSEGV" in crash["summary"] and "Sq=5 Sk=1" in crash["summary"]
-            assert Path(crash["reproducer"]).is_file() and Path(crash["reproducer"]).parent == out / "segfaults.attention"
+            reproducer = Path(crash["reproducer"])
+            assert reproducer.is_file() and reproducer.parent == out / "segfaults.attention"
         else:
             assert "the Dask worker tcp://" in crash["summary"] and "was lost" in crash["summary"]
         junit = ElementTree.parse(out.with_suffix(".xml")).getroot()
@@ -128,4 +129,5 @@ def test_isolation_on_workers_that_cannot_start_processes_is_refused_with_the_fi
         with pytest.raises(SystemExit) as exit_info:
             main(["--impl", EXAMPLE, "--cluster", daemonic.client.scheduler.address, "--repro-dir", str(tmp_path)])
     err = capsys.readouterr().err.strip().splitlines()
-    assert exit_info.value.code == 2 and "DASK_DISTRIBUTED__WORKER__DAEMON=False" in err[-1] and "--no-isolate" in err[-1]
+    assert exit_info.value.code == 2
+    assert "DASK_DISTRIBUTED__WORKER__DAEMON=False" in err[-1] and "--no-isolate" in err[-1]

@@ -9,6 +9,7 @@ computes: the statuses and the worst ratios are the serial run's, to the bit.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
@@ -92,12 +93,21 @@ def test_a_segfault_on_a_cluster_fails_its_check_as_a_crash_and_the_run_goes_on(
         assert junit.find(".//failure").get("type") == "crash"
 
 
-def test_the_plugin_runs_on_the_same_cluster_with_the_serial_outcomes(cluster, pytester):
+def test_the_plugin_runs_on_the_same_cluster_with_the_serial_outcomes(cluster, pytester, tmp_path):
+    calls = tmp_path / "pids"
+    kernel = tmp_path / "logs_its_process.py"  # the example kernel, noting which process runs each call
+    kernel.write_text(f"import os, runpy\nexample = runpy.run_path({EXAMPLE.rpartition(':')[0]!r})['attention']\n\n"
+                      f"def attention(*args, **kwargs):\n    with open({str(calls)!r}, 'a') as log:\n"
+                      f"        log.write(f'{{os.getpid()}}\\n')\n    return example(*args, **kwargs)\n")
+
     def outcomes(*args):
-        return pytester.runpytest_inprocess(*load_plugin(), "-p", "no:cacheprovider", "--attn-impl", EXAMPLE,
-                                            "--attn-only", "mask.*", "--attn-no-isolate", *args).parseoutcomes()
-    serial = outcomes()
-    assert serial == outcomes("--attn-cluster", cluster) and serial["failed"] == 5  # 4 checks and the verdict
+        calls.unlink(missing_ok=True)
+        result = pytester.runpytest_inprocess(*load_plugin(), "-p", "no:cacheprovider", "--attn-impl",
+                                              f"{kernel}:attention", "--attn-only", "mask.*", "--attn-no-isolate", *args)
+        return result.parseoutcomes(), set(calls.read_text().split())
+    (serial, here), (campaign, there) = outcomes(), outcomes("--attn-cluster", cluster)
+    assert serial == campaign and serial["failed"] == 5  # 4 checks and the verdict
+    assert here == {str(os.getpid())} and there and str(os.getpid()) not in there  # the calls ran on the workers
 
 
 def test_without_the_engine_one_line_says_how_to_install_it(monkeypatch, capsys, pytester):

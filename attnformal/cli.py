@@ -1,12 +1,13 @@
-"""What every ``python -m attnformal.*`` command line shares: one grammar, one-line errors, short help.
+"""What every ``python -m attnformal.*`` command line (and the pytest plugin) shares: one grammar,
+one-line errors, short help.
 
 * A usage error is one line, ``error: argument --x: what was expected, got what`` (exit 2),
   not argparse's usage block; ``--help`` fits a screen and ends with an example and the docs
-  page it belongs to.
+  page it belongs to. Values are checked before any work starts, output paths included.
 * A list option takes its items separated by spaces, commas or both, in one argument or
   several (``--mask dense,causal``, ``--mask dense causal``, ``--mask "dense, causal"``).
-* A number that bounds an error (a tolerance, a radius) must be finite and >= 0: NaN, an
-  infinity or a negative one would pass anything.
+* A number is finite and within its bounds (:func:`number`, :func:`integer`): a tolerance or a
+  radius that is NaN, infinite or negative would pass anything.
 * An output file is written under a temporary name in its own folder and renamed over the
   target when complete (:func:`atomic_path`): a cancelled run leaves no partial file, and a
   symlink is replaced, never its target.
@@ -25,7 +26,18 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+import torch
+
 DOCS = "docs/references-and-scale.md"
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
+          "fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
+
+
+class UsageError(ValueError):
+    """A wrong option value; the message starts with ``argument <option>:``."""
+
+    def __init__(self, option: str, text: str):
+        super().__init__(f"argument {option}: {text}")
 
 
 class Parser(argparse.ArgumentParser):
@@ -117,17 +129,32 @@ def number(*, minimum: float = -math.inf, above: float | None = None, maximum: f
 
 
 tolerance = number(minimum=0.0)  # rtol, atol, radii: NaN, infinities and negatives would pass anything
+seconds = number(above=0, what="a finite number of seconds > 0")  # a timeout
+
+
+def integer(*, minimum: int | None = None, below: int | None = None, what: str | None = None):
+    """An argparse ``type``: an int ``>= minimum`` and ``< below``; ``what`` names what was expected."""
+    expected = what or " ".join(filter(None, ["an int", f">= {minimum}" if minimum is not None else "",
+                                              f"< {below}" if below is not None else ""]))
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or (minimum is not None and value < minimum) or (below is not None and value >= below):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+    return parse
 
 
 def check_device(device: str, option: str = "--device") -> str:
-    """``device`` can hold a tensor here, or a ``ValueError`` naming ``option``."""
-    import torch
-
+    """``device`` can hold a tensor here, or a :class:`UsageError` naming ``option``."""
     try:
         torch.empty(0, device=device)
     except Exception as err:  # RuntimeError, or AssertionError from a torch built without CUDA
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise ValueError(f"argument {option}: {device!r} is not usable here ({first})") from None
+        raise UsageError(option, f"{device!r} is not usable here ({first})") from None
     return device
 
 
@@ -170,8 +197,15 @@ def _umask() -> int:
     return current
 
 
-def output_file(path) -> Path:
-    """``path`` as :func:`atomic_path` will write it, or ``ValueError`` saying why it cannot be.
+def write_atomic(path: Path, text: str):
+    """Write ``text`` to ``path`` through :func:`atomic_path`: readers never see half a file."""
+    with atomic_path(Path(path)) as partial:
+        partial.write_text(text)
+
+
+def output_file(path, option: str | None = None) -> Path:
+    """``path`` as :func:`atomic_path` will write it, or ``ValueError`` saying why it cannot be
+    (a :class:`UsageError` naming ``option`` when given).
 
     An existing regular file or symlink is replaced whole (a symlink's target is never
     written); a folder, a device, a pipe or a socket is refused, as is a folder that is
@@ -179,37 +213,44 @@ def output_file(path) -> Path:
     """
     path = Path(path)
     if not path.name or path.name in (".", ".."):
-        raise ValueError(f"expected a file name, got {str(path)!r}")
+        raise _refusal(option, f"expected a file name, got {str(path)!r}")
     with contextlib.suppress(FileNotFoundError, NotADirectoryError):
         mode = path.lstat().st_mode
         if stat.S_ISDIR(mode):
-            raise ValueError(f"{str(path)!r} is a folder, expected a file name")
+            raise _refusal(option, f"{str(path)!r} is a folder, expected a file name")
         if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
-            raise ValueError(f"{str(path)!r} is not a regular file (a device, pipe or socket); it is never replaced")
+            raise _refusal(option, f"{str(path)!r} is not a regular file (a device, pipe or socket); it is never "
+                                   "replaced")
     folder = path.parent
     if not folder.is_dir():
-        raise ValueError(f"the folder {str(folder)!r} {'is not a folder' if folder.exists() else 'does not exist'}")
-    _try_writing(folder)
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise _refusal(option, f"the folder {str(folder)!r} {what}")
+    _try_writing(folder, option)
     return path
 
 
-def output_folder(path) -> Path:
-    """``path`` as a folder this process can write in (created if missing), or ``ValueError``."""
+def output_folder(path, option: str | None = None) -> Path:
+    """``path`` as a folder this process can write in (created if missing), or ``ValueError``
+    (a :class:`UsageError` naming ``option`` when given)."""
     path = Path(path)
     if path.exists() and not path.is_dir():
-        raise ValueError(f"{str(path)!r} exists and is not a folder")
+        raise _refusal(option, f"{str(path)!r} exists and is not a folder")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise ValueError(f"cannot create the folder {str(path)!r} ({err.strerror or err})") from None
-    _try_writing(path)
+        raise _refusal(option, f"cannot create the folder {str(path)!r} ({err.strerror or err})") from None
+    _try_writing(path, option)
     return path
 
 
-def _try_writing(folder: Path):
+def _try_writing(folder: Path, option: str | None):
     try:
         fd, probe = tempfile.mkstemp(dir=folder, prefix=".attnformal.", suffix=".probe")
     except OSError as err:
-        raise ValueError(f"cannot create a file in {str(folder)!r} ({err.strerror or err})") from None
+        raise _refusal(option, f"cannot create a file in {str(folder)!r} ({err.strerror or err})") from None
     os.close(fd)
     os.unlink(probe)
+
+
+def _refusal(option: str | None, text: str) -> ValueError:
+    return ValueError(text) if option is None else UsageError(option, text)

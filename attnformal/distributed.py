@@ -20,6 +20,7 @@ native runtime whose start-up alone exceeds a typical test. Dask is an optional 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
@@ -31,6 +32,15 @@ class EngineMissing(RuntimeError):
 
     def __init__(self, what: str):
         super().__init__(f"{what} needs Dask's distributed engine, which is not installed: {INSTALL_HINT}")
+
+
+def require_engine(what: str = "--workers/--cluster"):
+    """Dask's ``distributed`` module, or :class:`EngineMissing` naming ``what`` needs it."""
+    try:
+        import distributed
+    except ImportError:
+        raise EngineMissing(what) from None
+    return distributed
 
 
 class InProcess:
@@ -52,18 +62,26 @@ class DaskExecutor:
     def workers(self) -> int:
         return len(self.client.scheduler_info()["workers"])
 
-    def map(self, fn: Callable, shared, items: Iterable) -> Iterator:
+    def map(self, fn: Callable, shared, items: Iterable, *, on_error: Callable | None = None) -> Iterator:
+        """``on_error(item, error)``, when given, is the result of an item whose task raised or
+        whose worker died (Dask's ``KilledWorker``); otherwise that error ends the iteration."""
         items = list(items)
         [handle] = self.client.scatter([shared], broadcast=True, hash=False)  # one object, even a list
         futures = self.client.map(fn, [handle] * len(items), items, pure=False)
-        return self._in_order(futures, handle)
+        return self._in_order(items, futures, handle, on_error)
 
     @staticmethod
-    def _in_order(futures, handle):
+    def _in_order(items, futures, handle, on_error):
         try:
-            for future in futures:
-                yield future.result()
+            for item, future in zip(items, futures):
+                try:
+                    result = future.result()
+                except Exception as error:
+                    if on_error is None:
+                        raise
+                    result = on_error(item, error)
                 future.release()  # the worker may drop it: only the running reduction holds results
+                yield result
         finally:
             for future in futures:
                 future.release()
@@ -71,12 +89,16 @@ class DaskExecutor:
 
 
 @contextmanager
-def open_executor(workers: int | None = None, cluster: str | None = None, *, what: str = "--workers/--cluster"):
+def open_executor(workers: int | None = None, cluster: str | None = None, *, what: str = "--workers/--cluster",
+                  config: dict | None = None):
     """An executor for the duration of a ``with`` block.
 
     Neither argument: :class:`InProcess`. ``workers=N``: a local Dask cluster of N worker
-    processes with one thread each, started here and stopped at the end. ``cluster=ADDRESS``:
-    a client of the Dask scheduler at ADDRESS. ``what`` names the caller's option in errors.
+    processes with one thread each, started here and stopped at the end, under the Dask
+    settings ``config`` as well as ours; Dask's log lines are silenced (the caller reports what
+    went wrong: a lost worker, a task that raised). ``cluster=ADDRESS``: a client of the Dask
+    scheduler at ADDRESS (configured by whoever started it). ``what`` names the caller's option
+    in errors.
     """
     if workers is not None and cluster is not None:
         raise ValueError(f"{what}: give --workers or --cluster, not both")
@@ -85,20 +107,23 @@ def open_executor(workers: int | None = None, cluster: str | None = None, *, wha
         return
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ValueError(f"argument '--workers': expected an int >= 1, got {workers!r}")
-    try:
-        from distributed import Client, LocalCluster
-    except ImportError:
-        raise EngineMissing(what) from None
+    engine = require_engine(what)
     if cluster is not None:
-        with Client(cluster) as client:
+        try:
+            client = engine.Client(cluster)
+        except (OSError, ValueError) as err:  # unreachable (after Dask's connect timeout), or not an address
+            raise ValueError(f"argument '--cluster': cannot connect to a Dask scheduler at {cluster!r} ({err})") \
+                from None
+        with client:
             yield DaskExecutor(client)
         return
     import dask
 
     # Dask gives its workers MALLOC_TRIM_THRESHOLD_, which turns off glibc's adaptive mmap threshold:
     # every tile-sized temporary is then a fresh mmap with page faults (measured: 3.5x the CPU of
-    # the same task in this process). Local workers go without it.
-    with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}), \
-            LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
-                         memory_limit=0) as local, Client(local) as client:
+    # the same task in this process). Local workers go without it. The scheduler's HTTP server takes
+    # any free port (None would mean 8787, and a warning whenever another cluster holds it).
+    with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None, **(config or {})}), \
+            engine.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0",
+                                memory_limit=0, silence_logs=logging.CRITICAL) as local, engine.Client(local) as client:
         yield DaskExecutor(client)

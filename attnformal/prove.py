@@ -15,12 +15,10 @@ decided is unknown.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import fnmatch
 import importlib
 import json
-import math
 import multiprocessing
 import os
 import platform
@@ -32,6 +30,7 @@ import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
+from attnformal import cli
 from attnformal.logic import CHECKED, PROVED, REFUTED, UNKNOWN, VACUOUS, Budget, Proof, Settings
 from attnformal.schedule import TileSchedule
 
@@ -375,29 +374,6 @@ def _dedent(text: str) -> str:
 # ---------------------------------------------------------------------------- command line
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected seconds > 0 (a finite number), got {text!r}")
-    return value
-
-
-def _check_output(parser, option: str, path: str | None):
-    """Refuse, before any proving, an output path that cannot be written."""
-    if path is None:
-        return
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        parser.error(f"argument '{option}': expected a file to write, got a directory: {path!r}")
-    if not os.path.isdir(folder):
-        parser.error(f"argument '{option}': expected a path in an existing folder, got {path!r}")
-    if not os.access(path if os.path.exists(path) else folder, os.W_OK):
-        parser.error(f"argument '{option}': expected a writable path, got {path!r}")
-
-
 def load_schedules(specs, optional=False):
     """``([(spec, TileSchedule)], [skipped])`` for ``module:attribute`` specs (a schedule or a list).
 
@@ -423,12 +399,15 @@ def load_schedules(specs, optional=False):
 
 
 def parse(argv):
-    parser = argparse.ArgumentParser(prog="python -m attnformal.prove", description=__doc__.split("\n\n")[0])
+    parser = cli.Parser(prog="python -m attnformal.prove", docs="docs/proofs.md",
+                        example="python -m attnformal.prove --only tile --block-m 64 --block-n 32 --report proofs.md",
+                        description="Prove (SymPy, Z3) the tiled online-softmax algorithm the kernels run; exit 0 only "
+                                    "if every obligation is proved and every negative control refuted.")
     parser.add_argument("--only", metavar="PATTERN",
                         help="an obligation number, or a glob or substring of its name or title")
     parser.add_argument("--json", metavar="FILE", help="write machine-readable results")
     parser.add_argument("--report", metavar="FILE.md", help="write a markdown report for design reviews")
-    parser.add_argument("--timeout", metavar="S", type=_seconds, default=60.0, help="seconds per obligation (60)")
+    parser.add_argument("--timeout", metavar="S", type=cli.seconds, default=60.0, help="seconds per obligation (60)")
     parser.add_argument("--block-m", type=int, metavar="M",
                         help="also name TileSchedule(M, N) (with --block-n): an instance of the all-sizes theorems")
     parser.add_argument("--block-n", type=int, metavar="N", help="... and N key columns")
@@ -438,18 +417,21 @@ def parse(argv):
     parser.add_argument("--kernel", action="append", default=[], metavar="FILE.py:ATTR",
                         help="prove a kernel's own tiling instead (an attnformal.tiling.KernelTiling subclass or a "
                              "list of them; MODULE:ATTR too, e.g. attnformal.tilings:EXAMPLES); repeatable")
-    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes (<= 2)")
+    parser.add_argument("--jobs", type=cli.integer(minimum=1), default=min(2, os.cpu_count() or 1), metavar="N",
+                        help="worker processes (<= 2)")
     args = parser.parse_args(argv)
     if (args.block_m is None) != (args.block_n is None):
         parser.error("argument '--block-m'/'--block-n': expected both, got only one")
-    if args.jobs < 1:
-        parser.error(f"argument '--jobs': expected >= 1, got {args.jobs}")
     for spec in args.schedule:
         module_name, _, attribute = spec.partition(":")
         if not module_name or not attribute:
             parser.error(f"argument '--schedule': expected MODULE:ATTR, got {spec!r}")
-    _check_output(parser, "--json", args.json)
-    _check_output(parser, "--report", args.report)
+    try:  # an output path that cannot be written is refused before any proving
+        for option in ("json", "report"):
+            if getattr(args, option) is not None:
+                cli.output_file(getattr(args, option), f"--{option}")
+    except ValueError as error:
+        parser.error(str(error))
     schedules = []
     if args.block_m is not None:
         try:

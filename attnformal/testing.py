@@ -157,19 +157,22 @@ def _resolve_tolerance(dtype, rtol, atol) -> Tolerance:
         raise ValueError(f"argument '{missing}': expected it together with '{given}' (both or neither)")
     if rtol is None:
         return tolerance_for(dtype)
-    return Tolerance(_check_term("rtol", rtol), _check_term("atol", atol))
+    return Tolerance(check_term("rtol", rtol), check_term("atol", atol))
 
 
-def _check_term(name: str, value):
-    """A tolerance term: a finite number >= 0, or a tensor of them (NaN or -1 would pass anything)."""
-    if isinstance(value, torch.Tensor):
+def check_term(name: str, value, *, tensors: bool = True):
+    """A tolerance term (rtol, atol, a magnitude, a reference's error): a finite number >= 0 or, with
+    ``tensors``, a tensor of them -- NaN, an infinity or a negative one would pass anything. A
+    ``ValueError`` names the argument ``name``."""
+    if tensors and isinstance(value, torch.Tensor):
         bad = ~torch.isfinite(value) | (value < 0) if value.is_floating_point() else value < 0
         if bool(bad.any()):
             raise ValueError(f"argument '{name}': expected finite values >= 0, got "
                              f"{float(value[bad].flatten()[0])} at {int(bad.sum())} elements")
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"argument '{name}': expected a finite number >= 0 (or a tensor of them), got {value!r}")
+        either = " (or a tensor of them)" if tensors else ""
+        raise ValueError(f"argument '{name}': expected a finite number >= 0{either}, got {value!r}")
     return float(value)
 
 
@@ -189,7 +192,7 @@ def compare_attention(actual, expected, *, dtype, rtol=None, atol=None, magnitud
     ``magnitude`` and ``reference_error`` are numbers or tensors broadcastable to the shape.
     """
     tol = _resolve_tolerance(dtype, rtol, atol)
-    magnitude, reference_error = _check_term("magnitude", magnitude), _check_term("reference_error", reference_error)
+    magnitude, reference_error = check_term("magnitude", magnitude), check_term("reference_error", reference_error)
     if accumulation is not None and (isinstance(accumulation, bool) or not isinstance(accumulation, int)
                                      or accumulation < 0):
         raise ValueError(f"argument 'accumulation': expected None or an int >= 0, got {accumulation!r}")

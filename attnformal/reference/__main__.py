@@ -16,8 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from attnformal import cli
 from attnformal.adapters import ALIASES, resolve
 from attnformal.distributed import EngineMissing, open_executor
@@ -27,8 +25,6 @@ from attnformal.reference.check import ImplementationError, loose_radius
 from attnformal.spec import SpecError
 
 PROG = "python -m attnformal.reference"
-DTYPES = {"fp16": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-          "fp32": torch.float32, "float32": torch.float32, "fp64": torch.float64, "float64": torch.float64}
 ESTIMATE_SHOWN_ABOVE_S = 2.0
 GENERATE_EXAMPLE = (f"{PROG} generate --shape 2,4,2,100,130,32 --dtype bf16 --causal bottom_right "
                     "--window 40,5 --seed 3 --out case.npz")
@@ -65,9 +61,10 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--shape", required=True, action=cli.IntList, count=(6, 7), minimum=1,
                      form="B,Hq,Hkv,Sq,Sk,D[,Dv] (6 or 7 sizes >= 1)", metavar="B,Hq,Hkv,Sq,Sk,D[,Dv]",
                      help="sizes, each >= 1 (Dv defaults to D)")
-    gen.add_argument("--dtype", required=True, choices=DTYPES, metavar="DTYPE",
+    gen.add_argument("--dtype", required=True, choices=cli.DTYPES, metavar="DTYPE",
                      help="input dtype: bf16, fp16, fp32, fp64 (or the long names)")
-    gen.add_argument("--seed", required=True, type=_seed, help="seed of every random draw (an int >= 0)")
+    gen.add_argument("--seed", required=True, type=cli.integer(minimum=0, below=2**64, what="an int in [0, 2^64)"),
+                     help="seed of every random draw (an int >= 0)")
     gen.add_argument("--out", required=True, metavar="FILE", help="the .npz file to write (atomically)")
     gen.add_argument("--causal", default="none", choices=["none", "top_left", "bottom_right"])
     gen.add_argument("--window", action=cli.IntList, count=2, form="2 comma-separated ints L,R", metavar="L,R",
@@ -106,23 +103,10 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value < 2**64:
-        raise argparse.ArgumentTypeError(f"expected an int in [0, 2^64), got {text!r}")
-    return value
-
-
 def _generate(args) -> int:
-    dtype = DTYPES[args.dtype]
+    dtype = cli.DTYPES[args.dtype]
     shape = tuple(args.shape) if len(args.shape) == 7 else (*args.shape, args.shape[5])
-    try:
-        out = cli.output_file(args.out)
-    except ValueError as err:
-        raise ValueError(f"argument --out: {err}") from None
+    out = cli.output_file(args.out, "--out")
     arb_tier = args.prec is not None or (args.max_radius is None and golden.default_prec(dtype) is not None)
     if arb_tier and (args.workers is not None or args.cluster is not None):
         raise ValueError("argument '--workers'/'--cluster': they run the float64 tier's tiles, but this case uses "

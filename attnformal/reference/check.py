@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from attnformal.reference.golden import Golden
-from attnformal.testing import tolerance_for
+from attnformal.testing import check_term, tolerance_for
 
 @dataclass(frozen=True)
 class TensorReport:
@@ -121,20 +121,12 @@ def _expect_tensor(name: str, value, golden: Golden) -> torch.Tensor:
     return value
 
 
-def check_tolerance(name: str, value) -> float:
-    """A tolerance term (rtol, atol): a finite number >= 0; NaN, an infinity or a negative
-    value would let anything pass."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"argument '{name}': expected a finite number >= 0, got {value!r}")
-    return float(value)
-
-
 def compare(name: str, value: torch.Tensor, ref: torch.Tensor, radius: torch.Tensor, *,
             rtol: float | None = None, atol: float | None = None) -> TensorReport:
     """Error of ``value`` (its own dtype) against the golden ``ref +- radius``."""
     default_rtol, default_atol = tolerance_for(value.dtype)
-    rtol = default_rtol if rtol is None else check_tolerance("rtol", rtol)
-    atol = default_atol if atol is None else check_tolerance("atol", atol)
+    rtol = default_rtol if rtol is None else check_term("rtol", rtol, tensors=False)
+    atol = default_atol if atol is None else check_term("atol", atol, tensors=False)
     x = value.to(torch.float64)
     same_inf = torch.isinf(ref) & (x == ref)  # lse of an empty row: -inf on both sides is exact
     error = torch.where(same_inf, 0.0, (x - ref).abs()).nan_to_num(nan=math.inf)

@@ -32,6 +32,7 @@ from attnformal.spec import SUPPORTED_DTYPES
 PROG = "python -m attnformal.scale"
 DEFAULT_SWEEP = "N=512..8192"  # ~1-2 minutes for the torch kernel on one CPU core
 DEFAULT_OUT = Path("out/scale")
+POSITIVE = cli.integer(minimum=1)
 EXAMPLE = f"{PROG} --impl tiled --vs sdpa --mask dense causal window:256 --clock process"
 
 
@@ -44,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vs", metavar="IMPL", help="a second one, measured interleaved with --impl")
     p.add_argument("--sweep", nargs="+", default=[DEFAULT_SWEEP], metavar="P=LO..HI",
                    help=f"or P=V1,V2,...; P: {', '.join(SWEEP_PARAMS)} (default {DEFAULT_SWEEP})")
-    p.add_argument("--per-octave", type=int, default=2, metavar="K", help="points per doubling in LO..HI (2)")
+    p.add_argument("--per-octave", type=POSITIVE, default=2, metavar="K", help="points per doubling in LO..HI (2)")
     p.add_argument("--mask", nargs="+", default=["dense"], metavar="M",
                    help="dense, causal, window:W, window:N/K, window (W swept)")
     p.add_argument("--dtype", default="float32", choices=SUPPORTED_DTYPES, metavar="DTYPE",
@@ -53,24 +54,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clock", default="wall", choices=("wall", "process"),
                    help="CPU timer: wall, or process CPU time (wall)")
     p.add_argument("--backward", action="store_true", help="time forward + backward")
-    p.add_argument("--batch", type=int, default=1, metavar="B", help="batch (1)")
-    p.add_argument("--heads", type=int, default=2, metavar="H", help="query heads (2)")
-    p.add_argument("--heads-kv", type=int, metavar="H", help="KV heads (default: --heads)")
-    p.add_argument("--seq", type=int, default=2048, metavar="N", help="sequence length when N is not swept (2048)")
-    p.add_argument("--head-dim", type=int, default=64, metavar="D", help="head dim when D is not swept (64)")
-    p.add_argument("--block-m", type=int, default=DEFAULT_SCHEDULE.block_m, metavar="M",
+    p.add_argument("--batch", type=POSITIVE, default=1, metavar="B", help="batch (1)")
+    p.add_argument("--heads", type=POSITIVE, default=2, metavar="H", help="query heads (2)")
+    p.add_argument("--heads-kv", type=POSITIVE, metavar="H", help="KV heads (default: --heads)")
+    p.add_argument("--seq", type=POSITIVE, default=2048, metavar="N", help="sequence length when N is not swept (2048)")
+    p.add_argument("--head-dim", type=POSITIVE, default=64, metavar="D", help="head dim when D is not swept (64)")
+    p.add_argument("--block-m", type=POSITIVE, default=DEFAULT_SCHEDULE.block_m, metavar="M",
                    help=f"schedule the work is predicted from ({DEFAULT_SCHEDULE.block_m})")
-    p.add_argument("--block-n", type=int, default=DEFAULT_SCHEDULE.block_n, metavar="N",
+    p.add_argument("--block-n", type=POSITIVE, default=DEFAULT_SCHEDULE.block_n, metavar="N",
                    help=f"its key block ({DEFAULT_SCHEDULE.block_n})")
-    p.add_argument("--repeats", type=int, default=5, metavar="R", help="minimum timed repeats per point (5)")
-    p.add_argument("--warmup", type=int, default=1, metavar="W", help="untimed calls before them (1)")
+    p.add_argument("--repeats", type=POSITIVE, default=5, metavar="R", help="minimum timed repeats per point (5)")
+    p.add_argument("--warmup", type=POSITIVE, default=1, metavar="W", help="untimed calls before them (1)")
     p.add_argument("--min-time", type=cli.number(minimum=0), default=0.2, metavar="S",
                    help="seconds of samples per point (0.2)")
     p.add_argument("--overhead-factor", type=cli.number(minimum=0), default=OVERHEAD_FACTOR, metavar="F",
                    help=f"under F x a 1-token call: not fitted ({OVERHEAD_FACTOR:g})")
     p.add_argument("--tolerance", type=cli.tolerance, default=TOLERANCE, metavar="T",
                    help=f"exponent difference still consistent ({TOLERANCE})")
-    p.add_argument("--threads", type=int, metavar="T", help="torch CPU threads (1 on cpu)")
+    p.add_argument("--threads", type=POSITIVE, metavar="T", help="torch CPU threads (1 on cpu)")
     p.add_argument("--seed", type=int, default=0, help="seed of the inputs and the bootstrap (0)")
     p.add_argument("--out", type=Path, metavar="DIR",
                    help=f"folder of the results (default {DEFAULT_OUT}/IMPL[-vs-IMPL])")
@@ -129,11 +130,8 @@ def run(argv, args, candidates, masks, base, sweep, settings) -> int:
 
 def configure(args):
     """Validate the arguments (``ValueError`` naming the argument) and build the sweep."""
-    for name in ("batch", "heads", "seq", "head_dim", "block_m", "block_n", "repeats", "warmup", "per_octave"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"argument '--{name.replace('_', '-')}': expected an int >= 1, got {getattr(args, name)}")
     heads_kv = args.heads if args.heads_kv is None else args.heads_kv
-    if heads_kv < 1 or args.heads % heads_kv:
+    if args.heads % heads_kv:
         raise ValueError(f"argument '--heads-kv': expected a divisor of --heads={args.heads}, got {heads_kv}")
     # N points at multiples of the block: ragged tiles would make the local exponent zigzag.
     multiple = max(args.block_m, args.block_n) if args.sweep[0].startswith("N=") else 8
@@ -150,8 +148,6 @@ def configure(args):
     device = Device(args.device, args.clock)
     threads = args.threads if args.threads is not None else (1 if args.device == "cpu" else None)
     if threads is not None:
-        if threads < 1:
-            raise ValueError(f"argument '--threads': expected an int >= 1, got {threads}")
         torch.set_num_threads(threads)
     schedule = TileSchedule(args.block_m, args.block_n)
     candidates = [load_candidate(args.impl, schedule)]

@@ -26,10 +26,7 @@ OUTPUTS = ("sweep.json", "sweep.csv", "sweep.png")
 def prepare_out(folder: Path):
     """Create ``folder`` (``ValueError`` naming ``--out`` if it cannot be written) and remove an
     earlier run's outputs from it."""
-    try:
-        output_folder(folder)
-    except ValueError as err:
-        raise ValueError(f"argument --out: {err}") from None
+    output_folder(folder, "--out")
     old = [folder / name for name in OUTPUTS if (folder / name).is_file()]
     for path in old:
         path.unlink()

@@ -14,85 +14,94 @@ import signal
 import sys
 from pathlib import Path
 
+from attnformal import cli
 from attnformal.adapters import ALIASES, resolve
+from attnformal.distributed import EngineMissing
 from attnformal.verify import report as reporting
 from attnformal.verify.baseline import compare_baseline, load_baseline, save_baseline
 from attnformal.verify.battery import EXIT_CODES, make_executor, run_battery
 from attnformal.verify.calls import FEATURES
 from attnformal.verify.checks import CHECKS
 from attnformal.verify.execute import Task
-from attnformal.verify.options import check_device, check_output_dir, check_output_file, impl_slug, parse_dtypes, \
-    parse_features, parse_patterns, parse_seconds, parse_threads
-from attnformal.verify.outputs import PREVIOUS, RESULTS, ResultsStream, start_folder, write_atomic
+from attnformal.verify.options import check_campaign, parse_dtypes, parse_features, parse_patterns
+from attnformal.verify.outputs import PREVIOUS, RESULTS, ResultsStream, start_folder
 from attnformal.verify.replay import describe_replay, load_reproducer
 from attnformal.verify.runner import Settings
 from attnformal.verify.tolerances import PROFILES
 
+PROG = "python -m attnformal.verify"
 DEFAULT_DTYPES = "float32 bfloat16"
+EXAMPLE = (f"{PROG} --impl examples/causal_alignment_bug.py:attention --only 'mask.*'\n"
+           f"  {PROG} --impl sdpa-math --workers 2 --junit verify.xml")
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m attnformal.verify", description=__doc__.splitlines()[0])
-    p.add_argument("--impl", help=f"MODULE:FUNC, FILE.py:FUNC or one of: {', '.join(ALIASES)}")
-    p.add_argument("--dtypes", nargs="+", help=f"dtypes to test, separated by spaces or commas (default: "
-                                                f"{DEFAULT_DTYPES}; one the implementation refuses is replaced by "
-                                                "one it accepts)")
-    p.add_argument("--device", default="cpu", help="torch device of the inputs (default: %(default)s)")
+    p = cli.Parser(prog=PROG, usage=f"{PROG} --impl IMPL [--dtypes D ...] [--only PATTERN ...] [options]",
+                   example=EXAMPLE, docs="docs/verify.md",
+                   description="Run the conformance battery on an attention implementation and print the verdict "
+                               "(exit 0 PASS, 1 FAIL, 2 usage error, 3 too little verified, 130 interrupted).")
+    p.add_argument("--impl", help="MODULE:FUNC, FILE.py:FUNC or an alias (--list)")
+    p.add_argument("--dtypes", nargs="+", metavar="D", help=f"dtypes, by spaces or commas ({DEFAULT_DTYPES})")
+    p.add_argument("--device", default="cpu", help="torch device of the inputs (%(default)s)")
     p.add_argument("--profile", choices=("quick", "full"), default="quick",
-                   help="quick: small cases (< 30 s on CPU); full: larger ones and >= 8k keys")
-    p.add_argument("--tolerance", choices=PROFILES, default="default",
-                   help="default: elementwise per dtype; naive: <= k x the error of a same-dtype dense "
-                        "implementation; ascend: MERE/MARE thresholds")
-    p.add_argument("--seed", type=int, default=0, help="run seed; every case seed derives from it")
+                   help="quick: small cases; full: larger, >= 8k keys")
+    p.add_argument("--tolerance", choices=PROFILES, default="default", metavar="T",
+                   help=f"{', '.join(PROFILES)} (%(default)s)")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="run seed; every case's derives from it (0)")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failing check")
-    p.add_argument("--require", nargs="+", help=f"features that must be supported: {', '.join(FEATURES)}")
-    p.add_argument("--only", nargs="+", help="run only checks matching these glob patterns (e.g. 'mask.*')")
+    p.add_argument("--require", nargs="+", metavar="F", help="features that must be supported (--list)")
+    p.add_argument("--only", nargs="+", metavar="PATTERN", help="run only checks matching globs ('mask.*')")
     p.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
-                   help="run the checks in a worker process, so that a crash (segfault, abort, exit) or a hang "
-                        "fails its check and the run goes on (default: on for MODULE:FUNC and FILE.py:FUNC, "
-                        "off for the built-in adapters)")
-    p.add_argument("--case-timeout", type=parse_seconds, default=300.0, metavar="S",
-                   help="with --isolate: a call of the implementation running longer is a hang (default: %(default)s)")
-    p.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON (rewritten after each check)")
-    p.add_argument("--junit", type=Path, metavar="FILE", help="write JUnit XML")
+                   help="each check in a worker process: a crash or a hang fails it (default: not for aliases)")
+    p.add_argument("--case-timeout", type=cli.seconds, default=300.0, metavar="S",
+                   help="isolated: a call longer is a hang (%(default)g)")
+    p.add_argument("--workers", type=cli.integer(minimum=1), metavar="N",
+                   help="run on a local Dask cluster of N processes")
+    p.add_argument("--cluster", metavar="ADDRESS", help="run on the Dask scheduler at ADDRESS")
+    p.add_argument("--json", type=Path, metavar="FILE", help="results as JSON (rewritten after each check)")
+    p.add_argument("--junit", type=Path, metavar="FILE", help="results as JUnit XML")
     p.add_argument("--save-baseline", type=Path, metavar="FILE", help="store this run as a baseline")
     p.add_argument("--baseline", type=Path, metavar="FILE", help="flag regressions against a stored baseline")
-    p.add_argument("--repro-dir", type=Path, default=Path("verify-repro"),
-                   help="parent of the implementation's output folder DIR/<impl>/: reproducers of failures and "
-                        "results.json; the previous run's files move to DIR/<impl>/previous/ (default: %(default)s)")
+    p.add_argument("--repro-dir", type=Path, default=Path("verify-repro"), metavar="DIR",
+                   help="reproducers, results: DIR/<impl>/ (%(default)s)")
     p.add_argument("--reference", choices=("auto", "oracle"), default="auto",
-                   help="auto: the certified reference when installed (small cases), else the fp64 oracle")
-    p.add_argument("--threads", type=parse_threads, default=1,
-                   help="torch CPU threads during the run (default: %(default)s; the cases are small, and idle "
-                        "threads spinning on a shared machine cost more than they give); 0 leaves torch's setting")
+                   help="certified when installed, else fp64 oracle")
+    p.add_argument("--threads", type=cli.integer(minimum=0), default=1, metavar="T",
+                   help="torch CPU threads (1; 0: torch's setting)")
     p.add_argument("--replay", type=Path, metavar="FILE", help="rerun one saved reproducer and explain it")
-    p.add_argument("--list", action="store_true", help="list the checks and the features, then exit")
+    p.add_argument("--list", action="store_true", help="list the checks, features and aliases")
     return p
 
 
 def settings_from(args) -> Settings:
-    """Settings from parsed arguments; a ValueError names the option that is wrong."""
+    """Settings from parsed arguments; a ValueError names the option that is wrong, and
+    :class:`EngineMissing` says how to install the engine --workers and --cluster need."""
     dtypes = parse_dtypes(args.dtypes or DEFAULT_DTYPES)
     require = parse_features(args.require)
     only = parse_patterns(args.only, args.profile)
-    check_device(args.device)
+    cli.check_device(args.device)
+    check_campaign(args.workers, args.cluster)
+    if args.replay and (args.workers or args.cluster):
+        raise cli.UsageError("--replay", "replays one case in this process; expected no --workers or --cluster")
     impl = resolve(args.impl)
-    folder = args.repro_dir / impl_slug(args.impl)
+    folder = args.repro_dir / cli.impl_slug(args.impl)
     if not args.replay:
         for option in ("json", "junit", "save_baseline"):
-            check_output_file(getattr(args, option), f"--{option.replace('_', '-')}")
-        check_output_dir(folder, "--repro-dir")
+            if getattr(args, option) is not None:
+                cli.output_file(getattr(args, option), f"--{option.replace('_', '-')}")
+        cli.output_folder(folder, "--repro-dir")
     isolate = args.isolate if args.isolate is not None else args.impl not in ALIASES
     return Settings(impl=impl, impl_name=args.impl, dtypes=dtypes, device=args.device, profile=args.profile,
                     tolerance=args.tolerance, seed=args.seed, fail_fast=args.fail_fast, require=require,
                     repro_dir=folder, use_certified=args.reference == "auto", only=only, threads=args.threads or None,
                     target=args.impl, isolate=isolate, case_timeout=args.case_timeout,
-                    explicit_dtypes=bool(args.dtypes))
+                    explicit_dtypes=bool(args.dtypes), workers=args.workers, cluster=args.cluster)
 
 
 def _list_checks() -> str:
     lines = [f"{c.name:32s} {c.doc}" + (" [full only]" if c.full_only else "") for c in CHECKS]
-    return "\n".join(lines + ["", "features (for --require): " + ", ".join(FEATURES)])
+    return "\n".join(lines + ["", "features (for --require): " + ", ".join(FEATURES),
+                              "aliases (for --impl): " + ", ".join(ALIASES)])
 
 
 @contextlib.contextmanager
@@ -125,19 +134,33 @@ def main(argv=None) -> int:
         if args.replay:
             load_reproducer(args.replay)
         baseline = load_baseline(args.baseline) if args.baseline else None
-        executor = make_executor(settings)
-    except ValueError as err:
+    except (ValueError, EngineMissing) as err:
         p.error(str(err))
     with _sigterm_as_interrupt():
         try:
-            if args.replay:
-                return _replay(settings, executor, args.replay)
-            return _run(args, settings, executor, baseline)
-        except KeyboardInterrupt:  # during a replay; a battery run reports what finished itself
+            executor = _executor(p, settings)
+            try:
+                if args.replay:
+                    return _replay(settings, executor, args.replay)
+                return _run(args, settings, executor, baseline)
+            finally:
+                executor.close()
+        except KeyboardInterrupt:  # while a cluster starts, or during a replay; a battery run reports what finished
             print("interrupted", file=sys.stderr)
             return EXIT_CODES["INTERRUPTED"]
-        finally:
-            executor.close()
+
+
+def _executor(p: argparse.ArgumentParser, settings: Settings):
+    """The executor of the run; a cluster that cannot be had is a usage error."""
+    if settings.workers:
+        print(f"attnformal.verify: starting a local Dask cluster of {settings.workers} worker processes",
+              file=sys.stderr, flush=True)
+    elif settings.cluster:
+        print(f"attnformal.verify: connecting to the Dask scheduler at {settings.cluster}", file=sys.stderr, flush=True)
+    try:
+        return make_executor(settings)
+    except (ValueError, EngineMissing) as err:
+        p.error(str(err))
 
 
 def _replay(settings: Settings, executor, path: Path) -> int:
@@ -162,7 +185,7 @@ def _run(args, settings: Settings, executor, baseline) -> int:
             code = EXIT_CODES["FAIL"]
     write(report)
     if args.junit:
-        write_atomic(args.junit, reporting.to_junit(report))
+        cli.write_atomic(args.junit, reporting.to_junit(report))
     if args.save_baseline and report.state == "complete":
         save_baseline(report, args.save_baseline)
     print(f"results: {settings.repro_dir / RESULTS}")

@@ -4,7 +4,7 @@
    the default dtypes, one it refuses altogether is replaced by one it accepts (float16,
    bfloat16, float32); with ``--dtypes`` given, it stays and the verdict says so.
 2. **Run** every selected (check, dtype) as a task of an executor (:mod:`.execute`: in this
-   process, or isolated in a worker process), in order; each result is handed to
+   process, isolated in a worker process, or on a Dask cluster), in order; each result is handed to
    ``on_result`` as it completes (the CLI writes ``results.json`` then). Ctrl-C stops the
    run and keeps what finished.
 3. **Judge** (:func:`judge`): the verdict of the run, never a PASS for a run that verified
@@ -27,11 +27,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from attnformal.cli import DTYPES
 from attnformal.verify.checks import CHECKS, Check
 from attnformal.verify.coverage import run_coverage
 from attnformal.verify.diagnosis import Ranked, summarise
-from attnformal.verify.execute import InProcess, Isolated, Task
-from attnformal.verify.runner import DTYPE_NAMES, CheckResult, Settings, dtype_name
+from attnformal.verify.execute import Distributed, InProcess, Isolated, Task
+from attnformal.verify.runner import CheckResult, Settings, dtype_name
 
 FORWARD_GROUPS = ("hand", "fwd", "mask", "structured", "extreme")
 SUBSTITUTES = ("float16", "bfloat16", "float32")  # tried, in order, for default dtypes the implementation refuses
@@ -79,12 +80,16 @@ def selected(settings: Settings) -> list[Check]:
 
 def planned(settings: Settings, dtypes=None) -> list[tuple[Check, torch.dtype]]:
     """The (check, dtype) pairs a run will execute, in order."""
-    dtypes = settings.dtypes if dtypes is None else [DTYPE_NAMES[d] for d in dtypes]
+    dtypes = settings.dtypes if dtypes is None else [DTYPES[d] for d in dtypes]
     return [(chk, dtype) for chk in selected(settings)
             for dtype in ([chk.fixed_dtype] if chk.fixed_dtype is not None else dtypes)]
 
 
 def make_executor(settings: Settings):
+    """The executor ``settings`` ask for (``close`` it after use); ``ValueError`` or
+    :class:`~attnformal.distributed.EngineMissing` when it cannot be had."""
+    if settings.distributed:
+        return Distributed(settings)
     return Isolated(settings) if settings.isolate else InProcess(settings)
 
 
@@ -136,8 +141,9 @@ def _run(settings: Settings, executor, progress, on_result) -> BatteryReport:
 
 
 def _clock(report: BatteryReport, start: float, cpu_start: float):
-    """Wall time, and CPU time of this process plus, when isolated, of the checks in the worker."""
-    worker = sum(r.cpu_seconds for r in report.results) if report.settings.isolate else 0.0
+    """Wall time, and CPU time of this process plus, when they ran elsewhere, of the checks in the workers."""
+    elsewhere = report.settings.isolate or report.settings.distributed
+    worker = sum(r.cpu_seconds for r in report.results) if elsewhere else 0.0
     report.seconds, report.cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start + worker
 
 

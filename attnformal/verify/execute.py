@@ -12,29 +12,40 @@ runs tasks and yields ``(task, result)`` as they complete:
   *crash* or *hang* for that task (:func:`lost_result`): the case that was running, its
   seed, a reproducer file and the command that replays it; a fresh worker takes the next task.
 
-Another executor (a pool of workers, a cluster) implements the same ``map`` and ``close``;
-a task whose worker died must come back as :func:`lost_result`.
+* :class:`Distributed` runs the tasks on a Dask cluster (``--workers N``: a local one of N
+  worker processes; ``--cluster ADDRESS``: a running one), each worker as this process
+  would (isolated in a child process of the worker when the settings say so); results come
+  back in task order, so the report is the serial run's. A worker that dies fails its task
+  as a *crash*.
+
+Another executor implements the same ``map`` and ``close``; a task whose worker died must
+come back as :func:`lost_result`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import multiprocessing
 import os
 import pickle
 import signal
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass, replace
 from multiprocessing.connection import wait
+from pathlib import Path
 
 import torch
 
+from attnformal.cli import DTYPES
+from attnformal.distributed import open_executor
 from attnformal.verify.capabilities import probe
 from attnformal.verify.checks import CHECKS
 from attnformal.verify.diagnosis import DEFINITIVE, finding
-from attnformal.verify.runner import DTYPE_NAMES, CheckResult, Settings, replay_command, reproducer_data, \
+from attnformal.verify.runner import CheckResult, Settings, replay_command, reproducer_data, \
     reproducer_path, rerun_command, run_check
 
 CHECK_BY_NAME = {c.name: c for c in CHECKS}
@@ -77,9 +88,9 @@ def perform(settings: Settings, task: Task, watch=None):
     """Run one task: a :class:`~.capabilities.Capabilities` for a probe, else a :class:`CheckResult`."""
     impl = implementation(settings, watch)
     if task.kind == "probe":
-        return probe(impl, DTYPE_NAMES[task.dtype], settings.device, watch=watch)
+        return probe(impl, DTYPES[task.dtype], settings.device, watch=watch)
     if task.kind == "check":
-        return run_check(settings, CHECK_BY_NAME[task.name], DTYPE_NAMES[task.dtype], impl=impl,
+        return run_check(settings, CHECK_BY_NAME[task.name], DTYPES[task.dtype], impl=impl,
                          capabilities=task.capabilities, watch=watch)
     from attnformal.verify.replay import replay_result
 
@@ -89,6 +100,15 @@ def perform(settings: Settings, task: Task, watch=None):
 def portable(settings: Settings) -> Settings:
     """``settings`` as a worker process receives them: the implementation travels as its target."""
     return replace(settings, impl=None) if settings.target else settings
+
+
+def portable_blob(settings: Settings, option: str) -> bytes:
+    """The pickled :func:`portable` settings, or a ``ValueError`` naming ``option`` when they cannot travel."""
+    try:
+        return pickle.dumps(portable(settings))
+    except Exception as err:
+        raise ValueError(f"argument '{option}': a worker process cannot receive this implementation "
+                         f"({type(err).__name__}: {err}); pass it as MODULE:FUNC, FILE.py:FUNC or an alias") from None
 
 
 class InProcess:
@@ -120,11 +140,7 @@ class Isolated:
 
     def __init__(self, settings: Settings):
         self.settings = settings
-        try:
-            self.blob = pickle.dumps(portable(settings))
-        except Exception as err:
-            raise ValueError("argument '--isolate': a worker process cannot receive this implementation "
-                             f"({type(err).__name__}: {err}); pass it as MODULE:FUNC, FILE.py:FUNC or an alias")
+        self.blob = portable_blob(settings, "--isolate")
         self.process = self.conn = None
         self.busy = False
 
@@ -243,6 +259,86 @@ def error_result(task: Task, text: str) -> CheckResult:
     return CheckResult(task.name if task.kind == "check" else task.label, task.dtype or "-", "ERROR",
                        summary="the task raised in the worker process (a battery defect, or an exit while "
                                f"loading the implementation): {lines[-1] if lines else ''}", details=lines[-6:])
+
+
+# ---------------------------------------------------------------- a Dask cluster
+
+# A local cluster for the battery: a worker that dies fails the task it was running at once (Dask
+# would otherwise retry it on up to 3 more workers, killing each), and only that task -- a worker
+# holds one task at a time; and workers may start processes, for --isolate.
+LOCAL_CLUSTER = {"distributed.scheduler.allowed-failures": 0, "distributed.scheduler.worker-saturation": 1.0,
+                 "distributed.worker.daemon": False}
+
+
+class Distributed:
+    """Tasks on the workers of a Dask cluster: ``settings.workers`` local worker processes, or the
+    scheduler at ``settings.cluster``. Each worker runs them as this process would (isolated in a
+    child process when ``settings.isolate``); results come back in task order, reproducers as
+    bytes that are written here. A worker that dies fails its task as a *crash*."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.blob = portable_blob(settings, "--workers" if settings.workers else "--cluster")
+        self.stack = contextlib.ExitStack()
+        self.cluster = self.stack.enter_context(open_executor(settings.workers, settings.cluster,
+                                                              what="--workers/--cluster", config=LOCAL_CLUSTER))
+        if settings.isolate and not all(self.cluster.client.run(_may_start_processes).values()):
+            self.close()
+            raise ValueError("argument '--cluster': its workers cannot start the processes --isolate needs (they are "
+                             "daemonic): start them with DASK_DISTRIBUTED__WORKER__DAEMON=False, or use --no-isolate")
+
+    def map(self, tasks):
+        tasks = list(tasks)
+        done = self.cluster.map(_perform_on_worker, self.blob, tasks, on_error=self._failed)
+        for task, (result, reproducer) in zip(tasks, done):
+            if reproducer is not None:
+                path = reproducer_path(self.settings, task.name, task.dtype)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(reproducer)
+                result.reproducer, result.command = str(path), replay_command(self.settings, path)
+            yield task, result
+
+    def _failed(self, task: Task, error: Exception):
+        from distributed import KilledWorker
+
+        if isinstance(error, KilledWorker):
+            lost = f"the Dask worker {error.last_worker.address} was lost"
+            return lost_result(self.settings, task, "crash", lost, None), None
+        return error_result(task, "".join(traceback.format_exception_only(error))), None
+
+    def close(self):
+        self.stack.close()
+
+
+def _may_start_processes() -> bool:
+    return not multiprocessing.current_process().daemon
+
+
+_ON_WORKER: dict = {}  # in a Dask worker: the settings blob of the run it serves -> (settings, executor, folder)
+
+
+def _perform_on_worker(blob: bytes, task: Task):
+    """``(result, reproducer bytes or None)`` of one task on a Dask worker. Reproducers are written
+    in a folder of the worker's own and sent back, so none is left on a remote machine."""
+    if blob not in _ON_WORKER:
+        for _, old, folder in _ON_WORKER.values():  # those of an earlier run on the same cluster
+            old.close()
+            folder.cleanup()
+        _ON_WORKER.clear()
+        settings, folder = pickle.loads(blob), tempfile.TemporaryDirectory(prefix="attnformal-verify-")
+        if settings.repro_dir is not None:
+            settings = replace(settings, repro_dir=Path(folder.name))
+        if settings.threads:
+            torch.set_num_threads(settings.threads)
+        _ON_WORKER[blob] = settings, (Isolated if settings.isolate else InProcess)(settings), folder
+    settings, executor, _ = _ON_WORKER[blob]
+    _, result = next(executor.map([task]))
+    reproducer = None
+    if isinstance(result, CheckResult) and result.reproducer is not None:
+        path = Path(result.reproducer)
+        reproducer = path.read_bytes()
+        path.unlink()
+    return result, reproducer
 
 
 # ---------------------------------------------------------------- the worker process

@@ -10,9 +10,10 @@ mistaken for a new one, and nothing is deleted that the last run wrote.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
+
+from attnformal.cli import write_atomic
 
 RESULTS = "results.json"
 PREVIOUS = "previous"
@@ -31,17 +32,6 @@ def start_folder(folder: Path) -> int:
     for path in old:
         path.rename(previous / path.name)
     return len(old)
-
-
-def write_atomic(path: Path, text: str):
-    """Write ``text`` to a temporary file beside ``path``, then rename it: readers never see half a file."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        temporary.write_text(text)
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
 
 
 class ResultsStream:

@@ -9,10 +9,13 @@ verified nothing or less than the battery's minimum (see :mod:`.battery`). Under
 result, so the controller judges them at the end instead: it prints the verdict and fails the
 session unless it is PASS. Without ``--attn-impl`` the plugin adds nothing.
 
-The options mean what the command line's do (list options take spaces or commas, unknown
-names are usage errors); reproducers go to ``<rootdir>/verify-repro/<impl>/``. With
-``--attn-isolate`` (the default for MODULE:FUNC and FILE.py:FUNC, as on the command line)
-each test runs in a worker process, so a crash or a hang fails that test only.
+The options mean what the command line's do, through the same code (:mod:`attnformal.cli`,
+:mod:`.options`; list options take spaces or commas, unknown names are usage errors);
+reproducers go to ``<rootdir>/verify-repro/<impl>/``. With ``--attn-isolate`` (the default
+for MODULE:FUNC and FILE.py:FUNC, as on the command line) each test runs in a worker
+process, so a crash or a hang fails that test only. With ``--attn-workers N`` or
+``--attn-cluster ADDRESS`` the checks run on a Dask cluster, as ``verify --workers`` /
+``--cluster`` run them: all are sent when the first test runs, and each test takes its result.
 
 Installed through the ``pytest11`` entry point; without it, ``-p attnformal.verify.pytest_plugin``.
 """
@@ -24,11 +27,12 @@ from pathlib import Path
 
 import pytest
 
+from attnformal import cli
+from attnformal.distributed import EngineMissing
 from attnformal.verify.battery import BatteryReport, judge, make_executor, planned
 from attnformal.verify.coverage import run_coverage
 from attnformal.verify.execute import Task
-from attnformal.verify.options import check_device, impl_slug, parse_dtypes, parse_features, parse_patterns, \
-    parse_seconds
+from attnformal.verify.options import check_campaign, parse_dtypes, parse_features, parse_patterns
 from attnformal.verify.outputs import start_folder
 from attnformal.verify.runner import CheckResult, Settings, dtype_name
 from attnformal.verify.tolerances import PROFILES
@@ -50,8 +54,11 @@ def pytest_addoption(parser):
     group.addoption("--attn-isolate", action="store_true", default=None,
                     help="run each check in a worker process (default for MODULE:FUNC and FILE.py:FUNC)")
     group.addoption("--attn-no-isolate", action="store_false", dest="attn_isolate", help="run checks in pytest's process")
-    group.addoption("--attn-case-timeout", type=parse_seconds, default=300.0,
+    group.addoption("--attn-case-timeout", type=cli.seconds, default=300.0,
                     help="with isolation: seconds one call may take before it is a hang (default: %(default)s)")
+    group.addoption("--attn-workers", type=cli.integer(minimum=1), metavar="N",
+                    help="run the checks on a local Dask cluster of N worker processes")
+    group.addoption("--attn-cluster", metavar="ADDRESS", help="run the checks on the Dask scheduler at ADDRESS")
 
 
 def _settings(config) -> Settings:
@@ -66,16 +73,21 @@ def _settings(config) -> Settings:
         dtypes = parse_dtypes(option("--attn-dtypes"), "--attn-dtypes")
         require = parse_features(option("--attn-require"), "--attn-require")
         only = parse_patterns(option("--attn-only"), option("--attn-profile"), "--attn-only")
-        check_device(option("--attn-device"), "--attn-device")
-    except ValueError as err:
+        cli.check_device(option("--attn-device"), "--attn-device")
+        workers, cluster = option("--attn-workers"), option("--attn-cluster")
+        check_campaign(workers, cluster, ("--attn-workers", "--attn-cluster"))
+        if (workers or cluster) and _xdist_worker(config):
+            raise cli.UsageError("--attn-workers", "spreads the checks over a Dask cluster; under pytest-xdist "
+                                                   "(-n) they are spread already: expected one or the other")
+    except (ValueError, EngineMissing) as err:
         raise pytest.UsageError(f"attnformal.verify: {err}") from None
     isolate = option("attn_isolate")
     return Settings(impl=impl, impl_name=target, dtypes=dtypes, device=option("--attn-device"),
                     profile=option("--attn-profile"), tolerance=option("--attn-tolerance"), seed=option("--attn-seed"),
                     require=require, only=only, target=target,
-                    repro_dir=Path(str(config.rootpath)) / "verify-repro" / impl_slug(target),
+                    repro_dir=Path(str(config.rootpath)) / "verify-repro" / cli.impl_slug(target),
                     isolate=target not in ALIASES if isolate is None else isolate,
-                    case_timeout=option("--attn-case-timeout"))
+                    case_timeout=option("--attn-case-timeout"), workers=workers, cluster=cluster)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -k / -m deselection, which then applies to these items too
@@ -149,6 +161,8 @@ class Battery(pytest.Collector):
         self.executor = None
         self.capabilities: dict = {}
         self.results: list = []
+        self.ahead = iter(())  # (task, result) of the checks sent ahead to a cluster, in test order
+        self.arrived: dict = {}  # label -> result, of those taken from ``ahead`` before their test ran
 
     def collect(self, verdict_item=True):
         items = [CheckItem.from_parent(self, name=f"{chk.name}[{dtype_name(dtype)}]", check=chk, dtype=dtype)
@@ -161,21 +175,34 @@ class Battery(pytest.Collector):
         if self.executor is None:  # the first test that runs: an earlier run's files move aside now, not at collection
             start_folder(self.settings.repro_dir)
             self.executor = make_executor(self.settings)
-        for name in {dtype_name(dtype)} - set(self.capabilities):
-            _, caps = next(self.executor.map([Task("probe", dtype=name)]))
-            self.capabilities[name] = None if isinstance(caps, CheckResult) else caps  # None: probing crashed
-        known = {name: caps for name, caps in self.capabilities.items() if caps is not None}
+            if self.settings.distributed:  # every selected check at once: the workers run them side by side
+                mine = [i for i in self.session.items if isinstance(i, CheckItem) and i.parent is self]
+                self.ahead = self.executor.map([self._task(i.check, i.dtype) for i in mine])
+        label = f"{check.name}[{dtype_name(dtype)}]"
         threads = torch.get_num_threads()
         torch.set_num_threads(self.settings.threads or threads)
         try:
-            _, result = next(self.executor.map([Task("check", check.name, dtype_name(dtype), known)]))
+            for task, result in self.ahead:
+                self.arrived[task.label] = result
+                if task.label == label:
+                    break
+            result = self.arrived.pop(label, None) or next(self.executor.map([self._task(check, dtype)]))[1]
         finally:
             torch.set_num_threads(threads)
         self.results.append(result)
         return result
 
+    def _task(self, check, dtype) -> Task:
+        """The task of one check, with what the implementation accepts (its dtype probed first)."""
+        for name in {dtype_name(dtype)} - set(self.capabilities):
+            _, caps = next(self.executor.map([Task("probe", dtype=name)]))
+            self.capabilities[name] = None if isinstance(caps, CheckResult) else caps  # None: probing crashed
+        known = {name: caps for name, caps in self.capabilities.items() if caps is not None}
+        return Task("check", check.name, dtype_name(dtype), known)
+
     def close(self):
         if getattr(self, "executor", None) is not None:
+            self.ahead = iter(())  # the checks still ahead (pytest -x stopped early) are dropped first
             self.executor.close()
 
 

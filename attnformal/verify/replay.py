@@ -14,9 +14,10 @@ from pathlib import Path
 
 import torch
 
+from attnformal.cli import DTYPES
 from attnformal.verify.cases import Case, non_contiguous
 from attnformal.verify.checks import Check
-from attnformal.verify.runner import DTYPE_NAMES, CheckResult, Settings, run_check
+from attnformal.verify.runner import CheckResult, Settings, run_check
 
 
 def load_reproducer(path) -> tuple[Case, dict]:
@@ -24,7 +25,7 @@ def load_reproducer(path) -> tuple[Case, dict]:
         data = torch.load(Path(path), weights_only=False, map_location="cpu")
         case = Case.from_payload(data["case"])
         missing = [key for key in ("check", "lse", "backward", "impl", "run_seed", "rerun") if key not in data]
-        if missing or data.get("dtype") not in DTYPE_NAMES:
+        if missing or data.get("dtype") not in DTYPES:
             raise KeyError(", ".join(missing) or "dtype")
     except (OSError, KeyError, RuntimeError, TypeError, EOFError, AttributeError) as err:
         raise ValueError(f"argument '--replay': {path} is not a reproducer written by the battery: {err}") from None
@@ -46,7 +47,7 @@ def replay_result(settings: Settings, path, *, impl=None, watch=None) -> CheckRe
         run.against_reference(case, lse=data["lse"], backward=data["backward"])
 
     settings = replace(settings, tolerance=data.get("tolerance", settings.tolerance), repro_dir=None)
-    return run_check(settings, Check(f"replay:{data['check']}", rerun, "replay"), DTYPE_NAMES[data["dtype"]],
+    return run_check(settings, Check(f"replay:{data['check']}", rerun, "replay"), DTYPES[data["dtype"]],
                      impl=impl, watch=watch)
 
 

@@ -73,8 +73,7 @@ def _header(report: BatteryReport) -> str:
         f"attnformal.verify -- impl {s.impl_name}",
         f"dtypes {dtypes} | device {s.device} | profile {s.profile} | tolerance {s.tolerance} | seed {s.seed}",
         f"reference: {'; '.join(sources) or 'none used'} | {report.machine}",
-        "run: " + (f"isolated in a worker process (a crash or a call over {s.case_timeout:g} s fails its check)"
-                   if s.isolate else "in this process (--isolate to survive crashes and hangs)"),
+        "run: " + _where(s),
     ]
     extra = [c for c in _columns(report) if c not in report.dtypes]
     for column in extra:
@@ -84,6 +83,18 @@ def _header(report: BatteryReport) -> str:
     lines.append("cells: status and the worst error as a multiple of the tolerance (>1e4: far outside it); "
                  "'n/m': cases supported; '*': on cases adapted to what the implementation accepts (see Coverage)")
     return "\n".join(lines)
+
+
+def _where(s) -> str:
+    if not s.distributed:
+        return (f"isolated in a worker process (a crash or a call over {s.case_timeout:g} s fails its check)"
+                if s.isolate else "in this process (--isolate to survive crashes and hangs)")
+    cluster = f"a local Dask cluster of {s.workers} worker processes" if s.workers else \
+        f"the Dask cluster at {s.cluster}"
+    if s.isolate:
+        return (f"on {cluster}, each check isolated in a child process of its worker (a crash or a call over "
+                f"{s.case_timeout:g} s fails its check)")
+    return f"on {cluster}, each check in a worker (one that dies fails its check; --isolate to survive hangs)"
 
 
 def _table(report: BatteryReport) -> str:
@@ -184,6 +195,7 @@ def to_json(report: BatteryReport, *, results: bool = True) -> dict:
     return {
         "impl": s.impl_name, "dtypes": list(report.dtypes), "replaced_dtypes": list(report.replaced), "device": s.device,
         "profile": s.profile, "tolerance": s.tolerance, "seed": s.seed, "isolated": s.isolate,
+        "workers": s.workers, "cluster": s.cluster,
         "machine": report.machine, "state": report.state, "seconds": report.seconds,
         "cpu_seconds": report.cpu_seconds, "verdict": verdict, "reasons": reasons, "passed": verdict == "PASS",
         "checks_planned": report.planned,

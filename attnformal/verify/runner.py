@@ -28,9 +28,6 @@ from attnformal.verify.diagnosis import Finding, finding
 from attnformal.verify.reference import Expected, expected_for, naive_for
 from attnformal.verify.tolerances import LOW_PRECISION, judge
 
-DTYPE_NAMES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
-               "float64": torch.float64, "fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32,
-               "fp64": torch.float64}
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -58,6 +55,12 @@ class Settings:
     isolate: bool = False  # run the checks in a worker process (crashes and hangs become FAILs)
     case_timeout: float = 300.0  # seconds one call of the implementation may take when isolated
     explicit_dtypes: bool = True  # False: dtypes the implementation refuses are replaced by ones it accepts
+    workers: int | None = None  # run the tasks on a local Dask cluster of this many worker processes
+    cluster: str | None = None  # ... or on the Dask scheduler at this address
+
+    @property
+    def distributed(self) -> bool:
+        return bool(self.workers or self.cluster)
 
     def selects(self, check_name: str) -> bool:
         return not self.only or any(fnmatch.fnmatch(check_name, pattern) for pattern in self.only)

@@ -1,14 +1,16 @@
 """``python -m attnformal.prove``: the table, the exit code, --json, --report and argument errors."""
 
 import json
+import shlex
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from attnformal import merge
-from attnformal.prove import main
+from attnformal.prove import main, parse
 
 
 def test_selected_obligation_is_proved_and_its_controls_refuted(tmp_path, capsys):
@@ -98,3 +100,17 @@ def test_module_entry_point_runs():
     result = subprocess.run([sys.executable, "-m", "attnformal.prove", "--only", "gqa"], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1/1 obligations proved" in result.stdout
+
+
+def test_help_fits_a_screen_with_an_example_that_parses_and_the_docs_page(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.chdir(tmp_path)  # the example's --report is checked for writing there
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert exit_info.value.code == 0 and len(text.splitlines()) <= 40, text
+    example = text.split("example:\n")[1].splitlines()[0]
+    assert example.startswith("  python -m attnformal.prove --")
+    args, chosen, _ = parse(shlex.split(example)[3:])  # refused before proving if it were not a valid command
+    assert chosen and args.report
+    assert "docs: docs/proofs.md" in text and (Path(__file__).resolve().parents[2] / "docs" / "proofs.md").is_file()

@@ -65,7 +65,7 @@ def test_a_width_sweep_needs_the_window_family(tmp_path, capsys):
     (["--impl", "sdpa", "--tolerance", "-1"], "argument --tolerance: expected a finite number >= 0"),
     (["--impl", "sdpa", "--overhead-factor", "inf"], "argument --overhead-factor: expected a finite number >= 0"),
     (["--impl", "sdpa", "--out", os.devnull], f"argument --out: '{os.devnull}' exists and is not a folder"),
-    (["--impl", "sdpa", "--threads", "-3"], "argument '--threads': expected an int >= 1, got -3"),
+    (["--impl", "sdpa", "--threads", "-3"], "argument --threads: expected an int >= 1, got '-3'"),
     (["--impl", "sdpa", "--sweep", "N=64,32"], "argument '--sweep': expected increasing values"),
     (["--impl", "sdpa", "--mask", ","], "argument '--mask': expected at least one mask family"),
     (["--impl", "sdpa-fastest"], "argument '--impl': expected one of sdpa, sdpa-math"),
@@ -74,7 +74,7 @@ def test_a_width_sweep_needs_the_window_family(tmp_path, capsys):
     (["--impl", "sdpa", "--sweep", "W=8..64"], "argument '--mask': --sweep W=... needs the mask 'window'"),
     (["--impl", "sdpa", "--sweep", "N=8..64", "--mask", "window"], "argument '--mask'"),
     (["--impl", "sdpa", "--heads", "4", "--heads-kv", "3"], "argument '--heads-kv'"),
-    (["--impl", "sdpa", "--repeats", "0"], "argument '--repeats'"),
+    (["--impl", "sdpa", "--repeats", "0"], "argument --repeats: expected an int >= 1, got '0'"),
     (["--impl", "sdpa", "--device", "tpu"], "argument '--device'"),
 ])
 def test_bad_arguments_get_one_clear_error(argv, message, capsys):

@@ -1,12 +1,14 @@
 """python -m attnformal.verify: exit codes, verdicts, reports, reproducers, baselines, usage errors."""
 
 import json
+import shlex
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 import torch
 
-from attnformal.verify.__main__ import main
+from attnformal.verify.__main__ import main, parser
 
 ZOO = __import__("zoo").__file__
 FP16_ONLY = """
@@ -151,7 +153,8 @@ def usage_error(capsys, argv) -> str:
     (["--impl", "sdpa-math", "--only", "fwd.long"], "matches only checks of --profile full"),
     (["--impl", "sdpa-math", "--threads", "-3"], "argument --threads: expected an int >= 0, got '-3'"),
     (["--impl", "sdpa-math", "--case-timeout", "nan"], "argument --case-timeout"),
-    (["--impl", "sdpa-math", "--json", "/no/such/folder/run.json"], "argument --json: the folder /no/such/folder"),
+    (["--impl", "sdpa-math", "--json", "/no/such/folder/run.json"],
+     "argument --json: the folder '/no/such/folder' does not exist"),
     (["--impl", "sdpa-math", "--baseline", "/no/such/base.json"], "argument '--baseline': cannot read"),
     (["--impl", "no_such_module:f"], "argument '--impl'"),
     (["--impl", "nonsense"], "argument '--impl'"),
@@ -213,3 +216,16 @@ def test_replay_labels_findings_without_a_bug_class_plainly(tmp_path):
     result = CheckResult("replay:fwd.random", "float32", "FAIL", findings=[finding(None, HINT, "an observation")])
     text = describe_replay(path, result)
     assert "    -> an observation" in text and "[None]" not in text
+
+
+def test_help_fits_a_screen_with_examples_that_parse_and_the_docs_page(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert exit_info.value.code == 0 and len(text.splitlines()) <= 40, text
+    examples = text.split("example:\n")[1].split("docs:")[0].splitlines()
+    assert examples and all(line.startswith("  python -m attnformal.verify --impl ") for line in examples)
+    for line in examples:
+        assert parser().parse_args(shlex.split(line)[3:]).impl  # each is a command line the battery takes
+    assert "docs: docs/verify.md" in text and (Path(__file__).parents[2] / "docs" / "verify.md").is_file()

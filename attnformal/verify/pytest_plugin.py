@@ -128,6 +128,9 @@ class XdistVerdict:
     def __init__(self, config):
         self.config, self.seen = config, []
 
+    def pytest_sessionstart(self, session):
+        start_folder(_settings(self.config).repro_dir)  # before any worker writes a reproducer
+
     def pytest_runtest_logreport(self, report):
         if getattr(report, "battery_result", None) is not None:
             self.seen.append(pickle.loads(report.battery_result))
@@ -173,7 +176,8 @@ class Battery(pytest.Collector):
         import torch
 
         if self.executor is None:  # the first test that runs: an earlier run's files move aside now, not at collection
-            start_folder(self.settings.repro_dir)
+            if not _xdist_worker(self.config):  # under xdist the controller moves them, once, for every worker
+                start_folder(self.settings.repro_dir)
             self.executor = make_executor(self.settings)
             if self.settings.distributed:  # every selected check at once: the workers run them side by side
                 mine = [i for i in self.session.items if isinstance(i, CheckItem) and i.parent is self]

@@ -81,10 +81,20 @@ def _sdpa(backend_name, spec, q, k, v, return_lse):
                                                 is_causal=native_causal, scale=spec.scale,
                                                 enable_gqa=spec.group > 1)
         except RuntimeError as err:
+            if _TORCH_CANNOT_RUN_HERE in str(err):
+                raise NotImplementedError(f"SDPA {backend_name} backend cannot run {q.dtype} here: torch's CPU "
+                                          f"kernel needs AVX-512 but ATEN_CPU_CAPABILITY is "
+                                          f"{os.environ.get('ATEN_CPU_CAPABILITY')!r} ({err})") from None
             if not any(words in str(err) for words in ("No available kernel", "No viable backend")):
                 raise
             why = "; ".join(str(w.message).partition(" (Triggered")[0] for w in reasons) or str(err)
             raise NotImplementedError(f"SDPA {backend_name} backend refuses these inputs: {why}") from None
+
+
+# torch's CPU flash kernel packs bf16/fp16 for AMX/AVX-512 when the CPU has them, even when
+# ATEN_CPU_CAPABILITY selects a lower vector path, and then fails: the kernel cannot run in that
+# configuration (torch 2.13 on an AMX CPU under ATEN_CPU_CAPABILITY=default or avx2).
+_TORCH_CANNOT_RUN_HERE = "pack_vnni2 is only supported when avx512 is supported"
 
 
 sdpa = adapter(functools.partial(_sdpa, None))

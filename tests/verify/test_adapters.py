@@ -29,6 +29,23 @@ def test_an_alias_whose_package_is_missing_is_a_usage_error(alias, package):
         adapters.resolve(alias)
 
 
+@pytest.mark.parametrize("message, refused", [
+    ("pack_vnni2 is only supported when avx512 is supported", True),  # torch's kernel cannot run here
+    ("some other kernel error", False),  # a real failure stays a failure
+])
+def test_sdpa_reports_a_kernel_torch_cannot_run_under_this_capability(monkeypatch, message, refused):
+    def failing_sdpa(*args, **kwargs):
+        raise RuntimeError(message)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", failing_sdpa)
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    q = torch.randn(1, 1, 4, 8, dtype=torch.bfloat16)
+    expected = (NotImplementedError, "cannot run torch.bfloat16 here.*ATEN_CPU_CAPABILITY is 'avx2'") if refused \
+        else (RuntimeError, message)
+    with pytest.raises(expected[0], match=expected[1]):
+        adapters.sdpa_flash(q, q, q)
+
+
 @pytest.mark.parametrize("package, adapter", [("flash_attn", adapters.flash_attn), ("xformers", adapters.xformers),
                                               ("torch_npu", adapters.npu_fusion_attention)])
 def test_an_adapter_called_without_its_package_refuses_not_crashes(package, adapter):

@@ -54,6 +54,8 @@ class Block:
 
 def parse_info(line: int, info: str) -> dict:
     """The block's fields from its info string; a word the grammar does not know is an error."""
+    if "`" in info:  # CommonMark: then the line is no fence, and GitHub shows the block as text
+        raise ValueError(f"README.md:{line}: a backtick in the info string {info!r}")
     lang, _, rest = info.partition(" ")
     rest, _, skip = rest.partition("skip:")
     fields: dict = {"line": line, "lang": lang, "skip": skip.strip() or None}
@@ -160,12 +162,29 @@ def test_the_blocks_not_run_are_skipped_deliberately_and_say_why():
     assert gpu and all("--device cuda" in block.text for block in gpu)  # GPU-only, and nothing else is tagged so
 
 
+def test_the_gpu_blocks_are_command_lines_their_tools_take(tmp_path, monkeypatch):
+    from attnformal.scale.cli import build_parser
+    from attnformal.verify.__main__ import parser
+
+    monkeypatch.chdir(tmp_path)  # parsing checks the output folders, here
+    parsers = {"attnformal.verify": parser(), "attnformal.scale": build_parser()}
+    lines = [line for block in blocks(README.read_text()) if block.gpu for line in block.text.splitlines()]
+    assert lines
+    for line in lines:
+        _, _, module, *argv = shlex.split(line)  # python -m MODULE ...
+        assert parsers[module].parse_args(argv).device == "cuda"  # a wrong option would exit 2 here
+
+
 def test_the_setup_block_is_what_make_runs():
     document = blocks(README.read_text())
     shown = next(block for block in document if block.text.startswith("python3 -m venv"))
     resolved = subprocess.run(["make", "-n", "-B", ".venv/.installed"], cwd=ROOT, capture_output=True, text=True,
                               check=True).stdout
     assert shown.text == resolved
+    system = subprocess.run(["make", "-n", "-B", ".venv/.installed", "TORCH=system"], cwd=ROOT, capture_output=True,
+                            text=True, check=True).stdout
+    assert "--system-site-packages" in system and "torch==" not in system  # the installed torch is kept
+    assert "TORCH=system" in README.read_text()
 
 
 def test_each_path_is_a_section_and_the_first_screen_links_them():
@@ -201,6 +220,8 @@ def test_the_info_string_grammar_refuses_what_it_does_not_know():
         blocks("```sh gpus\nls\n```\n")
     with pytest.raises(ValueError, match="without a reason"):
         blocks("```sh skip:\nls\n```\n")
+    with pytest.raises(ValueError, match="a backtick"):
+        blocks("```sh skip: `make test` runs it\nls\n```\n")
     with pytest.raises(ValueError, match="never closed"):
         blocks("```sh\nls\n")
     assert skipped(Block(1, "sh", "ls\n", gpu=True)) == (None if torch.cuda.is_available()

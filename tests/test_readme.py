@@ -9,7 +9,8 @@ A fenced block's info string says what it is: its language, then optional words:
 * ``output``      on a ``text`` block: an excerpt of the previous block's output, every line of it verbatim.
 
 ``sh``/``bash`` blocks run in bash (``-e -o pipefail``) with the venv's ``python`` first on PATH, ``python``
-blocks through the venv's Python; other blocks without ``file=`` are prose (a signature, a report).
+blocks through the venv's Python; other blocks without ``file=`` are prose (a signature, a report). A block's
+stderr must carry no third-party noise (:data:`NOISE`: the profiler's USDT lines, library warnings).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 SHELLS = ("sh", "bash")
 BLOCK_TIMEOUT_S = 240
+NOISE = ("USDT", "Warning", "warnings.warn")  # third-party lines a user would have to learn to ignore
 # The blocks not run here, each for its reason; a new skip must be added here on purpose.
 DELIBERATE_SKIPS = {"make prove   # the proofs: python -m attnformal.prove": "the suite",
                     "python3 -m venv  .venv": "make -n"}
@@ -122,6 +124,8 @@ def run_all(document: list[Block], folder: Path) -> list[str]:
                 problems.append(f"README.md:{block.line}: exit {previous.returncode}, expected {block.exit}\n"
                                 f"{block.text}--- stdout\n{previous.stdout[-3000:]}--- stderr\n"
                                 f"{previous.stderr[-3000:]}")
+            problems += [f"README.md:{block.line}: noise on stderr: {line!r}" for line in previous.stderr.splitlines()
+                         if any(word in line for word in NOISE)]
     return problems
 
 
@@ -209,10 +213,11 @@ def test_a_broken_block_fails_the_run(tmp_path):
     broken = blocks("```python\nraise SystemExit('no')\n```\n"
                     "```sh\npython -m attnformal.verify --impl no_such_module:attention\n```\n"
                     "```sh exit=1\ntrue\n```\n"
-                    "```sh\necho one\n```\n```text output\ntwo\n```\n")
+                    "```sh\necho one\n```\n```text output\ntwo\n```\n"
+                    "```sh\necho 'USDT probe profiler_start' >&2\n```\n")
     problems = run_all(broken, tmp_path)
-    assert [p.split(":")[1] for p in problems] == ["1", "4", "7", "13"], problems
-    assert "argument '--impl'" in problems[1] and "'two'" in problems[3]
+    assert [p.split(":")[1] for p in problems] == ["1", "4", "7", "13", "16"], problems
+    assert "argument '--impl'" in problems[1] and "'two'" in problems[3] and "noise on stderr" in problems[4]
 
 
 def test_the_info_string_grammar_refuses_what_it_does_not_know():

@@ -155,6 +155,12 @@ def test_every_block_of_the_readme_runs_as_shown(tmp_path):
     assert not problems, "\n\n".join(problems)
     assert (tmp_path / "verify-repro" / "my_kernel.attention_head_1_unscaled").is_dir()  # the paths' own folders
     assert (tmp_path / "review.md").is_file() and (tmp_path / "case.npz").is_file()
+    collected = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
+                               cwd=tmp_path, env=environment(), capture_output=True, text=True, timeout=120).stdout
+    battery = [line.partition("attnformal-verify::")[2] for line in collected.splitlines()
+               if "attnformal-verify::" in line]
+    assert "mask.causal_top_left[float32]" in battery, collected  # pyproject.toml's addopts were read
+    assert all(check.startswith("mask.") or check == "verdict" for check in battery)
 
 
 def test_the_blocks_not_run_are_skipped_deliberately_and_say_why():
@@ -179,14 +185,19 @@ def test_the_gpu_blocks_are_command_lines_their_tools_take(tmp_path, monkeypatch
         assert parsers[module].parse_args(argv).device == "cuda"  # a wrong option would exit 2 here
 
 
+def make_dry_run(*variables: str) -> str:
+    """What ``make .venv/.installed`` would run, as a user's shell would print it (not as a sub-make of
+    ``make test``, which would add its Entering/Leaving directory lines)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE") and k != "MFLAGS"}
+    return subprocess.run(["make", "-n", "-B", ".venv/.installed", *variables], cwd=ROOT, env=env,
+                          capture_output=True, text=True, check=True).stdout
+
+
 def test_the_setup_block_is_what_make_runs():
     document = blocks(README.read_text())
     shown = next(block for block in document if block.text.startswith("python3 -m venv"))
-    resolved = subprocess.run(["make", "-n", "-B", ".venv/.installed"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout
-    assert shown.text == resolved
-    system = subprocess.run(["make", "-n", "-B", ".venv/.installed", "TORCH=system"], cwd=ROOT, capture_output=True,
-                            text=True, check=True).stdout
+    assert shown.text == make_dry_run()
+    system = make_dry_run("TORCH=system")
     assert "--system-site-packages" in system and "torch==" not in system  # the installed torch is kept
     assert "TORCH=system" in README.read_text()
 

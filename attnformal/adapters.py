@@ -177,11 +177,12 @@ flex_compiled = adapter(functools.partial(_flex, True))
 # ---------------------------------------------------------------- the project's own kernels
 
 
-def torch_tiled(q, k, v, **kwargs):
-    """attnformal's torch tiled kernel with its default schedule (128 x 128 tiles)."""
+def torch_tiled(q, k, v, *, schedule=None, **kwargs):
+    """attnformal's torch tiled kernel: its default schedule (128 x 128 tiles), or ``schedule`` (which
+    ``python -m attnformal.scale`` passes: the one it predicts the work from)."""
     from attnformal.kernels.torch_tiled import attention
 
-    return attention(q, k, v, **kwargs)
+    return attention(q, k, v, schedule=schedule, **kwargs)
 
 
 def torch_tiled_small(q, k, v, **kwargs):

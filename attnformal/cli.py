@@ -40,11 +40,20 @@ class UsageError(ValueError):
         super().__init__(f"argument {option}: {text}")
 
 
-class Parser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose usage errors are one line naming the argument (exit 2)."""
+# The README's three paths; each command's --help names the one it belongs to (tests/test_readme.py
+# checks that the README has that section).
+README_PATHS = ("I have a kernel", "I review merge logic", "I need references")
 
-    def __init__(self, *args, example: str | None = None, docs: str = DOCS, **kwargs):
-        epilog = "\n".join(filter(None, [f"example:\n  {example}" if example else None, f"docs: {docs}"]))
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line naming the argument (exit 2); its help
+    ends with an example, the README path (one of :data:`README_PATHS`) and the docs page."""
+
+    def __init__(self, *args, guide: str, example: str | None = None, docs: str = DOCS, **kwargs):
+        if guide not in README_PATHS:
+            raise ValueError(f"argument 'guide': expected one of {README_PATHS}, got {guide!r}")
+        epilog = "\n".join(filter(None, [f"example:\n  {example}" if example else None,
+                                         f'readme: README.md, "{guide}"', f"docs: {docs}"]))
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, epilog=epilog, **kwargs)
         # argparse takes "-1,5" (--window -1,5) for an option: it knows negative numbers, not lists of them

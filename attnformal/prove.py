@@ -399,7 +399,7 @@ def load_schedules(specs, optional=False):
 
 
 def parse(argv):
-    parser = cli.Parser(prog="python -m attnformal.prove", docs="docs/proofs.md",
+    parser = cli.Parser(prog="python -m attnformal.prove", docs="docs/proofs.md", guide="I review merge logic",
                         example="python -m attnformal.prove --only tile --block-m 64 --block-n 32 --report proofs.md",
                         description="Prove (SymPy, Z3) the tiled online-softmax algorithm the kernels run; exit 0 only "
                                     "if every obligation is proved and every negative control refuted.")

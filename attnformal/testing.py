@@ -45,7 +45,7 @@ class Tolerance(NamedTuple):
 # The one table. rtol is about two units of the dtype's rounding; atol, multiplied by the
 # first-order error magnitude, allows a few roundings of the computation in that dtype
 # (a kernel may round P to bf16 before P @ V). Calibrated against SDPA (math and flash),
-# flex_attention and torch_tiled on the battery; see README "Tolerances".
+# flex_attention and torch_tiled on the battery; see docs/verify.md, "Tolerances".
 TOLERANCES: dict[torch.dtype, Tolerance] = {
     torch.float64: Tolerance(rtol=1e-12, atol=1e-12),
     torch.float32: Tolerance(rtol=2e-6, atol=2e-6),

@@ -19,7 +19,7 @@ import torch
 
 from attnformal.scale.cli import main as scale
 
-CPU_SWEEP = ["--impl", "tiled", "--vs", "sdpa", "--sweep", "N=1024..16384", "--per-octave", "1",
+CPU_SWEEP = ["--impl", "torch-tiled", "--vs", "sdpa", "--sweep", "N=1024..16384", "--per-octave", "1",
              "--mask", "dense", "causal", "--heads", "2", "--head-dim", "64", "--clock", "process",
              "--repeats", "3", "--out", "out/bench_kernels"]
 

@@ -2,7 +2,7 @@
 
 This module shares no code with :mod:`attnformal.masks` (it imports Z3 and nothing else), so
 that :mod:`attnformal.masks` has something to be proven against other than itself. Read off
-the spec ("The spec in one screen" in the README; :mod:`attnformal.spec`): for batch element
+the spec ("The spec in one screen" in docs/overview.md; :mod:`attnformal.spec`): for batch element
 ``b``, query ``i`` and key ``j`` of a problem with ``Sq`` queries and ``Sk`` keys, and
 ``n = kv_lens[b]`` (``Sk`` when no ``kv_lens`` is given),
 

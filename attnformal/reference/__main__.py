@@ -29,6 +29,7 @@ ESTIMATE_SHOWN_ABOVE_S = 2.0
 GENERATE_EXAMPLE = (f"{PROG} generate --shape 2,4,2,100,130,32 --dtype bf16 --causal bottom_right "
                     "--window 40,5 --seed 3 --out case.npz")
 CHECK_EXAMPLE = f"{PROG} check case.npz --impl torch-tiled"
+GUIDE = "I need references"  # the README path these commands belong to
 
 
 class Refused(Exception):
@@ -48,7 +49,7 @@ def main(argv=None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = cli.Parser(prog=PROG, example=f"{GENERATE_EXAMPLE}\n  {CHECK_EXAMPLE}",
+    parser = cli.Parser(prog=PROG, example=f"{GENERATE_EXAMPLE}\n  {CHECK_EXAMPLE}", guide=GUIDE,
                         description="Golden files: seeded inputs with certified outputs, gradients and error "
                                     "radii; and a check of an implementation against one.")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
@@ -57,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
                               description="Write a golden file: seeded inputs, and the certified reference "
                                           "(out, lse, dQ, dK, dV, each element with a rigorous error radius).",
                               usage=f"{PROG} generate --shape B,Hq,Hkv,Sq,Sk,D[,Dv] --dtype DTYPE --seed N "
-                                    "--out FILE [options]", example=GENERATE_EXAMPLE)
+                                    "--out FILE [options]", example=GENERATE_EXAMPLE, guide=GUIDE)
     gen.add_argument("--shape", required=True, action=cli.IntList, count=(6, 7), minimum=1,
                      form="B,Hq,Hkv,Sq,Sk,D[,Dv] (6 or 7 sizes >= 1)", metavar="B,Hq,Hkv,Sq,Sk,D[,Dv]",
                      help="sizes, each >= 1 (Dv defaults to D)")
@@ -92,7 +93,8 @@ def _parser() -> argparse.ArgumentParser:
                               description="Run an implementation (forward and backward) on a golden file's "
                                           "inputs; report each tensor's worst error in ulps and against the "
                                           "tolerance radius + rtol*|ref| + atol*max|ref|.",
-                              usage=f"{PROG} check FILE --impl IMPL [options]", example=CHECK_EXAMPLE)
+                              usage=f"{PROG} check FILE --impl IMPL [options]", example=CHECK_EXAMPLE,
+                              guide=GUIDE)
     chk.add_argument("file", metavar="FILE", help="a golden file written by generate")
     chk.add_argument("--impl", required=True,
                      help=f"MODULE:FUNC, FILE.py:FUNC or an adapter: {', '.join(ALIASES)}")

@@ -1,6 +1,6 @@
 """Scaling evidence: sweep one parameter, fit exponents, and explain them with the schedule.
 
-``python -m attnformal.scale --impl tiled --vs sdpa --mask dense causal window:256``
+``python -m attnformal.scale --impl torch-tiled --vs sdpa --mask dense causal window:256``
 
 * :mod:`~attnformal.scale.work` -- predicted work of a problem, counted from the spec's mask
   and the tiles the schedule visits (no separate scaling formula).

@@ -33,15 +33,16 @@ PROG = "python -m attnformal.scale"
 DEFAULT_SWEEP = "N=512..8192"  # ~1-2 minutes for the torch kernel on one CPU core
 DEFAULT_OUT = Path("out/scale")
 POSITIVE = cli.integer(minimum=1)
-EXAMPLE = f"{PROG} --impl tiled --vs sdpa --mask dense causal window:256 --clock process"
+EXAMPLE = f"{PROG} --impl torch-tiled --vs sdpa --mask dense causal window:256 --clock process"
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = cli.Parser(
-        prog=PROG, example=EXAMPLE, usage=f"{PROG} --impl IMPL [--vs IMPL] [--sweep P=LO..HI] [--mask M ...] [options]",
+        prog=PROG, example=EXAMPLE, guide="I have a kernel",
+        usage=f"{PROG} --impl IMPL [--vs IMPL] [--sweep P=LO..HI] [--mask M ...] [options]",
         description="Sweep one parameter of an attention implementation; fit time and memory exponents "
                     "and compare them with the work the tiling schedule predicts.")
-    p.add_argument("--impl", required=True, help="tiled, an adapter (sdpa, flex, ...), MODULE:FUNC, FILE.py:FUNC")
+    p.add_argument("--impl", required=True, help="an adapter (torch-tiled, sdpa, flex, ...), MODULE:FUNC, FILE.py:FUNC")
     p.add_argument("--vs", metavar="IMPL", help="a second one, measured interleaved with --impl")
     p.add_argument("--sweep", nargs="+", default=[DEFAULT_SWEEP], metavar="P=LO..HI",
                    help=f"or P=V1,V2,...; P: {', '.join(SWEEP_PARAMS)} (default {DEFAULT_SWEEP})")

@@ -24,10 +24,6 @@ from attnformal.scale.measure import Device, MemoryPeak, Samples, timer_floor
 from attnformal.scale.problem import MaskFamily, Problem, Sweep
 from attnformal.scale.work import Work, predict_work
 
-ALIASES = {  # the kernels themselves, so the sweep's schedule reaches them as ``schedule=``
-    "tiled": "attnformal.kernels.torch_tiled:attention",
-    "torch_tiled": "attnformal.kernels.torch_tiled:attention",
-}
 FLOOR_REPEATS = 20  # the trivial call is cheap: many samples make its median solid
 
 
@@ -46,11 +42,10 @@ class Candidate:
 
 
 def load_candidate(target: str, schedule: TileSchedule) -> Candidate:
-    """``tiled``, ``torch_tiled``, an alias of :data:`attnformal.adapters.ALIASES` (``sdpa``,
-    ``sdpa-flash``, ...) or any ``MODULE:FUNC`` / ``FILE.py:FUNC``."""
-    fn = resolve(ALIASES.get(target, target))
-    if not callable(fn):
-        raise ValueError(f"argument '--impl': {target!r} is not callable")
+    """``target`` as every command line reads ``--impl`` (:func:`attnformal.adapters.resolve`): an alias
+    (``torch-tiled``, ``sdpa``, ...), ``MODULE:FUNC`` or ``FILE.py:FUNC``. One that takes ``schedule=``
+    (``torch-tiled``) is launched with the schedule the work is predicted from."""
+    fn = resolve(target)
     try:
         takes_schedule = "schedule" in inspect.signature(fn).parameters
     except (TypeError, ValueError):  # builtins may have no signature

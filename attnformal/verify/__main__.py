@@ -37,7 +37,7 @@ EXAMPLE = (f"{PROG} --impl examples/causal_alignment_bug.py:attention --only 'ma
 
 def parser() -> argparse.ArgumentParser:
     p = cli.Parser(prog=PROG, usage=f"{PROG} --impl IMPL [--dtypes D ...] [--only PATTERN ...] [options]",
-                   example=EXAMPLE, docs="docs/verify.md",
+                   example=EXAMPLE, docs="docs/verify.md", guide="I have a kernel",
                    description="Run the conformance battery on an attention implementation and print the verdict "
                                "(exit 0 PASS, 1 FAIL, 2 usage error, 3 too little verified, 130 interrupted).")
     p.add_argument("--impl", help="MODULE:FUNC, FILE.py:FUNC or an alias (--list)")

@@ -12,7 +12,7 @@ from attnformal.tilings.fa3 import FA3Forward
 from attnformal.tilings.flash_attn_triton import FlashAttnTritonAsBottomRight
 from attnformal.tilings.triton_tutorial import TritonTutorialForward
 
-# What the transcriptions prove and refute (README table): (tiling, family) -> the refuted obligations.
+# What the transcriptions prove and refute (docs/kernel-tilings.md): (tiling, family) -> the refuted obligations.
 FA2_WINDOWS = {"window": {"complete", "mask-safe"}, "window_left": {"complete"}, "window_right": {"mask-safe"}}
 REFUTED_OBLIGATIONS = {
     **{("FA2Forward", family): refuted for family, refuted in FA2_WINDOWS.items()},

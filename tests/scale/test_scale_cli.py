@@ -16,13 +16,13 @@ TINY = ["--sweep", "N=32..256", "--per-octave", "1", "--block-m", "32", "--block
 def test_a_vs_sweep_writes_table_json_csv_and_plot(tmp_path, capsys):
     threads = torch.get_num_threads()
     # --overhead-factor 0 flags nothing, so four points always give a fit: the run is deterministic
-    code = main(["--impl", "tiled", "--vs", "sdpa", "--mask", "dense", "window:N/4", *TINY,
+    code = main(["--impl", "torch-tiled", "--vs", "sdpa", "--mask", "dense", "window:N/4", *TINY,
                  "--overhead-factor", "0", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 0, out
     assert torch.get_num_threads() == threads  # the sweep's --threads 1 does not leak into the caller
-    assert "== tiled | mask dense | fixed: B=1 H=2/2 D=8 float32 cpu forward" in out
-    assert "== ratio tiled / sdpa | mask window:N/4" in out
+    assert "== torch-tiled | mask dense | fixed: B=1 H=2/2 D=8 float32 cpu forward" in out
+    assert "== ratio torch-tiled / sdpa | mask window:N/4" in out
     record = json.loads((tmp_path / "sweep.json").read_text())
     assert record["swept"] == "N" and record["threads"] == 1
     assert len(record["series"]) == 4
@@ -36,8 +36,8 @@ def test_a_vs_sweep_writes_table_json_csv_and_plot(tmp_path, capsys):
     # the window grows with N: the schedule predicts a quadratic, not a linear, amount of work
     assert sdpa_window["time_fit"]["predicted"]["pairs"] > 1.5
     rows = list(csv.DictReader((tmp_path / "sweep.csv").open()))
-    assert len(rows) == 2 * 2 * 4 and {r["impl"] for r in rows} == {"tiled", "sdpa"}
-    assert all(r["ratio_median"] for r in rows if r["impl"] == "tiled")
+    assert len(rows) == 2 * 2 * 4 and {r["impl"] for r in rows} == {"torch-tiled", "sdpa"}
+    assert all(r["ratio_median"] for r in rows if r["impl"] == "torch-tiled")
     assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -51,7 +51,7 @@ def test_too_few_points_are_refused_with_a_clear_message(tmp_path, capsys):
 
 
 def test_a_width_sweep_needs_the_window_family(tmp_path, capsys):
-    code = main(["--impl", "tiled", "--sweep", "W=8..64", "--mask", "window", "--seq", "128", *TINY[2:],
+    code = main(["--impl", "torch-tiled", "--sweep", "W=8..64", "--mask", "window", "--seq", "128", *TINY[2:],
                  "--overhead-factor", "0", "--out", str(tmp_path)])
     assert code == 0
     record = json.loads((tmp_path / "sweep.json").read_text())

@@ -46,11 +46,11 @@ def test_a_sweep_that_measured_nothing_fails_and_says_why(impls, tmp_path, capsy
 
 def test_one_refusing_implementation_of_two_fails_the_comparison(impls, tmp_path, capsys):
     """The control: the measured one is fitted; the refusing one still makes the run fail."""
-    code = main(["--impl", "tiled", "--vs", f"{impls}:refuses", *TINY, "--block-m", "32", "--block-n", "32",
+    code = main(["--impl", "torch-tiled", "--vs", f"{impls}:refuses", *TINY, "--block-m", "32", "--block-n", "32",
                  "--sweep", "N=32..256", "--overhead-factor", "0", "--out", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 1 and f"NOTHING MEASURED: {impls}:refuses under mask dense" in err
-    assert "NOTHING MEASURED: tiled" not in err
+    assert "NOTHING MEASURED: torch-tiled" not in err
     assert (tmp_path / "sweep.png").is_file()
 
 
@@ -63,9 +63,9 @@ def test_results_go_to_a_folder_per_implementation_cleared_of_old_results(impls,
     assert main(["--impl", f"{impls}:refuses", *TINY]) == 1
     assert f"{Path('out/scale/impls.refuses')}: removed sweep.png of an earlier run" in capsys.readouterr().err
     assert sorted(p.name for p in folder.iterdir()) == ["notes.txt", "sweep.csv", "sweep.json"]
-    args = build_parser().parse_args(["--impl", "tiled", "--vs", "sdpa", *TINY])
+    args = build_parser().parse_args(["--impl", "torch-tiled", "--vs", "sdpa", *TINY])
     configure(args)
-    assert args.out == Path("out/scale/tiled-vs-sdpa") and args.out.is_dir()
+    assert args.out == Path("out/scale/torch-tiled-vs-sdpa") and args.out.is_dir()
 
 
 def test_ctrl_c_ends_the_sweep_with_one_line(tmp_path, capsys, monkeypatch):
@@ -110,5 +110,5 @@ def test_help_fits_a_screen_with_an_example_and_the_docs_page(capsys, monkeypatc
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
     assert len(text.splitlines()) <= 40, text
-    assert "example:\n  python -m attnformal.scale --impl tiled" in text
+    assert "example:\n  python -m attnformal.scale --impl torch-tiled" in text
     assert "docs: docs/references-and-scale.md" in text and (ROOT / "docs" / "references-and-scale.md").is_file()

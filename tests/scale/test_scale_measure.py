@@ -45,7 +45,7 @@ def test_the_backend_that_ran_is_read_from_the_profiler():
     q = torch.randn(1, 2, 64, 16)
     assert backend_from_ops(cpu.peak_memory(lambda: adapters.sdpa(q, q, q)).ops) == "flash (cpu)"
     assert backend_from_ops(cpu.peak_memory(lambda: adapters.sdpa_math(q, q, q)).ops) == "math"
-    tiled = load_candidate("tiled", TileSchedule(32, 32))
+    tiled = load_candidate("torch-tiled", TileSchedule(32, 32))
     assert backend_from_ops(cpu.peak_memory(lambda: tiled.fn(q, q, q)).ops).startswith("no SDPA")
     assert tiled.schedule == TileSchedule(32, 32)  # the project's kernel gets the schedule we predict from
 

@@ -224,7 +224,7 @@ def test_help_fits_a_screen_with_examples_that_parse_and_the_docs_page(capsys, m
         main(["--help"])
     text = capsys.readouterr().out
     assert exit_info.value.code == 0 and len(text.splitlines()) <= 40, text
-    examples = text.split("example:\n")[1].split("docs:")[0].splitlines()
+    examples = text.split("example:\n")[1].split("readme:")[0].splitlines()
     assert examples and all(line.startswith("  python -m attnformal.verify --impl ") for line in examples)
     for line in examples:
         assert parser().parse_args(shlex.split(line)[3:]).impl  # each is a command line the battery takes

@@ -761,9 +761,25 @@ def counterexample_case(proof: Proof, s: _Symbolic, impl: str, directory, *, max
                        seed, grad=False, **kwargs)
     name = impl.rpartition(":")[2]
     obligation = proof.claim.split(":")[0].split("] ")[1].replace(" ", "-")
-    path = Path(directory) / f"tiling-{name}-{s.family.name}-{obligation}.pt"
+    path = _repro_folder(Path(directory), impl) / f"tiling-{name}-{s.family.name}-{obligation}.pt"
     write_reproducer(path, case, impl=impl, check=f"tiling:{obligation}", dtype=dtype, lse=True)
     return f"python -m attnformal.verify --impl {impl} --replay {path}"
+
+
+_STARTED_FOLDERS: set[Path] = set()  # reproducer folders this process has written to
+
+
+def _repro_folder(parent: Path, impl: str) -> Path:
+    """``parent/<implementation>/``, as the battery's; the first write of this process moves an earlier
+    run's files to ``previous/``, so an old reproducer is never mistaken for a new one."""
+    from attnformal.cli import impl_slug
+    from attnformal.verify.outputs import start_folder
+
+    folder = parent / impl_slug(impl)
+    if folder.resolve() not in _STARTED_FOLDERS:
+        start_folder(folder)
+        _STARTED_FOLDERS.add(folder.resolve())
+    return folder
 
 
 # ---------------------------------------------------------------------------- the executor

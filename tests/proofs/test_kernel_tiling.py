@@ -202,11 +202,16 @@ def test_a_refutation_becomes_a_case_the_battery_reproduces(tmp_path, monkeypatc
 
     path = user_file(tmp_path)
     monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "repro" / "my_kernel.MyKernelTopLeft"  # the implementation's own, as the battery's
+    folder.mkdir(parents=True)
+    (folder / "tiling-MyKernelTopLeft-old.pt").write_bytes(b"an earlier run's case")
     obligation = kernel_obligations([f"{path}:MyKernel"], tmp_path / "repro")[0][1]
     control = next(c for c in obligation.CONTROLS if c.name == "MyKernelTopLeft")
     proof = control.run(None, Budget(60))
     assert proof.status == REFUTED
-    case = tmp_path / "repro" / "tiling-MyKernelTopLeft-bottom_right-complete.pt"
+    case = folder / "tiling-MyKernelTopLeft-bottom_right-complete.pt"
+    assert [p.name for p in folder.glob("*.pt")] == [case.name]  # the old one moved aside, not mixed in
+    assert (folder / "previous" / "tiling-MyKernelTopLeft-old.pt").exists()
     capsys.readouterr()
     assert verify_main(["--impl", f"{path}:MyKernelTopLeft", "--replay", str(case)]) == 1  # the bug shows
     assert "FAIL" in capsys.readouterr().out

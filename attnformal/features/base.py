@@ -48,6 +48,9 @@ class Feature:
     per_batch: bool = False
     tensor: bool = False
     summary: str = ""  # one line: what the value means (docs, CLI help)
+    # The battery's bug class for a mask violated at this feature's edge of the key interval
+    # (id, title); diagnosis attributes such violations to it (None: no edge of its own).
+    edge_bug: tuple[str, str] | None = None
 
     def validate(self, value, problem: Problem, values: dict):
         """The checked value (``values``: the features validated before this one)."""
@@ -96,6 +99,11 @@ class Feature:
         return self.default
 
     # ---- Hypothesis and the prover
+
+    def example(self, shape) -> dict | None:
+        """Protocol keywords that turn this feature on for a :class:`~attnformal.verify.cases.Shape`
+        (with any companion it needs): the battery's capability probe. None: probed elsewhere or not at all."""
+        return None
 
     def strategy(self, shape):
         """A Hypothesis strategy of values for a :class:`~attnformal.verify.cases.Shape` (None: not drawn)."""

@@ -96,15 +96,22 @@ def literal_chunk(i, j, len_q, len_k, causal, chunk):
     return literal(i, j, len_q, len_k, causal, None) and (i + len_k - len_q) // chunk == j // chunk
 
 
-@pytest.mark.parametrize("chunk", CHUNKS)
-@pytest.mark.parametrize("causal", (None, "top_left", "bottom_right"))
-def test_chunked_predicate_is_the_literal_definition_and_one_interval(chunk, causal):
+def assert_literal_and_monotone(causal, literal_of, **values):
+    """On every length pair: ``may_attend`` is ``literal_of(i, j, len_q, len_k)`` (one row and column past
+    each end), and both ends of ``key_interval`` never decrease with the row."""
     for len_q, len_k in itertools.product(LENGTHS, LENGTHS):
-        g = MaskGeometry(len_q, len_k, causal, chunk_size=chunk)
+        g = MaskGeometry(len_q, len_k, causal, **values)
         ends = [key_interval(i, g) for i in range(len_q)]
         assert all(a[0] <= b[0] and a[1] <= b[1] for a, b in zip(ends, ends[1:]))
         for i, j in itertools.product(range(-1, len_q + 1), range(-1, len_k + 1)):
-            assert may_attend(i, j, g) == literal_chunk(i, j, len_q, len_k, causal, chunk), (len_q, len_k, i, j)
+            assert may_attend(i, j, g) == literal_of(i, j, len_q, len_k), (len_q, len_k, i, j)
+
+
+@pytest.mark.parametrize("chunk", CHUNKS)
+@pytest.mark.parametrize("causal", (None, "top_left", "bottom_right"))
+def test_chunked_predicate_is_the_literal_definition_and_one_interval(chunk, causal):
+    assert_literal_and_monotone(causal, lambda i, j, sq, sk: literal_chunk(i, j, sq, sk, causal, chunk),
+                                chunk_size=chunk)
 
 
 def test_chunk_literal_can_fail():
@@ -127,12 +134,8 @@ def literal_prefix(i, j, len_q, len_k, causal, prefix):
 @pytest.mark.parametrize("prefix", PREFIXES)
 @pytest.mark.parametrize("causal", ("top_left", "bottom_right"))
 def test_prefix_predicate_is_the_literal_definition_and_one_interval(prefix, causal):
-    for len_q, len_k in itertools.product(LENGTHS, LENGTHS):
-        g = MaskGeometry(len_q, len_k, causal, prefix_lens=prefix)
-        ends = [key_interval(i, g) for i in range(len_q)]
-        assert all(a[0] <= b[0] and a[1] <= b[1] for a, b in zip(ends, ends[1:]))
-        for i, j in itertools.product(range(-1, len_q + 1), range(-1, len_k + 1)):
-            assert may_attend(i, j, g) == literal_prefix(i, j, len_q, len_k, causal, prefix), (len_q, len_k, i, j)
+    assert_literal_and_monotone(causal, lambda i, j, sq, sk: literal_prefix(i, j, sq, sk, causal, prefix),
+                                prefix_lens=prefix)
 
 
 def test_prefix_literal_can_fail():

@@ -114,8 +114,8 @@ class AttentionSpec:
         """The index mask of batch ``b``: every mask feature's value for it, and its own key length.
 
         ``b`` may also be an index tensor (every batch element at once: the class table) or a
-        Z3 Int (the prover's, with per-batch values Z3 arrays). ``b=None``: per-batch features
-        are not taken element-wise (their geometry then holds the whole list, or ``Sk``).
+        Z3 Int (the prover's, with per-batch values Z3 arrays). ``b=None``: the per-batch features
+        are left out (``Sk`` keys, no prefix): right only when none is given.
         """
         len_k = self.len_k
         for f in with_role("length"):

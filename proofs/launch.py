@@ -4,7 +4,8 @@ The schedule's methods are proven for all lengths (obligations 5, 11), but the t
 from them are torch code and the Triton host helpers are plain Python: they are **checked
 exhaustively on a bounded domain**, never proved. Domain: every ``Sq, Sk <= 4``, every
 ``kv_lens`` value ``0..Sk`` (one batch element each), causal none / top-left / bottom-right,
-windows none, ``(1, 0)``, ``(-1, 2)``, with and without ``attn_mask``, block sizes 2x3 and 3x2
+windows none, ``(1, 0)``, ``(-1, 2)``, chunk size none or 2, a prefix ``prefix_lens[b] = Sk - b`` under
+causal (no window, no chunk: the spec refuses those), with and without ``attn_mask``, block sizes 2x3 and 3x2
 (ragged edges both ways, up to two blocks a side), ``num_splits`` 1 and 2. The Triton tables
 are built only for ``Sq >= 1`` (the kernel returns before building them when there is no query).
 
@@ -36,10 +37,11 @@ TITLE = "Kernel launch tables (bounded domain)"
 PROVES_SCHEDULES = True  # a named schedule of another class has its own class_table checked here
 MAX_LENGTH = 4
 WINDOWS = (None, (1, 0), (-1, 2))
+CHUNKS = (None, 2)
 HUGE = 2**40  # window bounds past int32: the row tables must still be the spec's intervals
 SCHEDULES = (TileSchedule(2, 3, 1), TileSchedule(3, 2, 2))
-DOMAIN = (f"all Sq, Sk <= {MAX_LENGTH}, kv_lens 0..Sk, causal x windows {WINDOWS[1:]} x attn_mask, "
-          "block sizes 2x3, 3x2, num_splits 1, 2")
+DOMAIN = (f"all Sq, Sk <= {MAX_LENGTH}, kv_lens 0..Sk, causal x windows {WINDOWS[1:]} x chunk_size 2 x attn_mask, "
+          "prefix_lens Sk..0 under causal, block sizes 2x3, 3x2, num_splits 1, 2")
 TRITON_DOMAIN = DOMAIN.replace("all Sq", "all 1 <= Sq")
 MAX_BOUND, MAX_REACH = 40, 20
 
@@ -67,16 +69,22 @@ def _triton_host():
 
 
 def specs(min_len_q=0):
-    """``(label, spec)``: one spec per lengths and mask family; batch element ``b`` has ``kv_lens[b] = b``."""
+    """``(label, spec)``: one spec per lengths and mask family; batch element ``b`` has ``kv_lens[b] = b`` and,
+    with a prefix, ``prefix_lens[b] = Sk - b``."""
     import torch
 
     for len_q, len_k in itertools.product(range(min_len_q, MAX_LENGTH + 1), range(MAX_LENGTH + 1)):
         q, k = torch.zeros(len_k + 1, 1, len_q, 1), torch.zeros(len_k + 1, 1, len_k, 1)
-        for causal, window, has_mask in itertools.product(masks.CAUSAL_MODES, WINDOWS, (False, True)):
+        for causal, window, chunk, prefix, has_mask in itertools.product(masks.CAUSAL_MODES, WINDOWS, CHUNKS,
+                                                                         (False, True), (False, True)):
+            if prefix and (causal is None or window is not None or chunk is not None):
+                continue  # the spec refuses a prefix without causal, or with a window or a chunk
             mask = torch.ones(len_q, len_k, dtype=torch.bool) if has_mask else None
+            prefix_lens = [len_k - b for b in range(len_k + 1)] if prefix else None
             spec = AttentionSpec.from_inputs(q, k, k, causal=causal, window=window, attn_mask=mask,
-                                             kv_lens=list(range(len_k + 1)))
-            yield f"Sq={len_q}, Sk={len_k}, causal={causal}, window={window}, attn_mask={has_mask}", spec
+                                             kv_lens=list(range(len_k + 1)), chunk_size=chunk, prefix_lens=prefix_lens)
+            yield (f"Sq={len_q}, Sk={len_k}, causal={causal}, window={window}, chunk_size={chunk}, "
+                   f"prefix={prefix}, attn_mask={has_mask}"), spec
 
 
 def expected_classes(sched: TileSchedule, spec: AttentionSpec):

@@ -71,8 +71,11 @@ class Feature:
     # ---- semantics
 
     def geometry_value(self, value, b):
-        """What a batch element's :class:`~attnformal.masks.MaskGeometry` holds for this feature."""
-        return element(value, b) if self.per_batch and value is not None and b is not None else value
+        """What a batch element's :class:`~attnformal.masks.MaskGeometry` holds for this feature; a per-batch
+        feature has no value for ``b=None`` (the geometry shared by all elements leaves it out)."""
+        if not self.per_batch or value is None:
+            return value
+        return None if b is None else element(value, b)
 
     def narrow(self, i, lo, hi, value, g):
         """``(lo, hi)`` of row ``i`` after this feature (``role == "interval"``), written on ``ops``."""

@@ -121,7 +121,9 @@ def test_a_planted_bug_fails_the_prover_naming_its_obligation(tmp_path, name, fi
 
 def test_the_full_run_fails_on_a_bug_only_one_obligation_sees(tmp_path):
     folder = installed_copy(tmp_path)
-    plant(folder, "attnformal/ops.py", "        return a // b", "        return int(a / b)")
+    # (Python's floordiv truncating, once the example, is now also seen by 12: the chunked launch tables divide
+    # negative positions.)
+    plant(folder, "attnformal/spec.py", "ops.floordiv(h, ops.floordiv(heads_q, heads_kv))", "ops.floordiv(h, heads_kv)")
     result = prove(folder)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert {n for n, _ in failures(result.stdout)} == {13}, result.stdout[-3000:]
+    assert {n for n, _ in failures(result.stdout)} == {6}, result.stdout[-3000:]

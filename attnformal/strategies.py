@@ -118,9 +118,11 @@ def masks(shape: Shape, *, causal=st.sampled_from(CAUSAL_MODES), window=st.none(
     and every other registered mask feature (``chunk_size``, ``prefix_lens``, ...).
 
     ``kv_lens`` and ``attn_mask`` are booleans (or strategies of them): whether to draw one. Another
-    mask feature takes a value or a strategy by its keyword, else its declaration's own strategy
-    (:meth:`attnformal.features.Feature.strategy`); a drawn value the other features refuse
-    (:meth:`~attnformal.features.Feature.conflict`: a prefix without causal) is dropped.
+    mask feature is drawn only when asked for by its keyword (a kernel written before it takes no such
+    keyword): a value, a strategy, or ``True`` for its declaration's own strategy
+    (:meth:`attnformal.features.Feature.strategy`); ``chunk_size=True, prefix_lens=True``. A drawn value
+    the other features refuse (:meth:`~attnformal.features.Feature.conflict`: a prefix without causal) is
+    dropped.
     """
     fn = "masks"
     causal = _as_strategy(fn, "causal", causal, lambda x: x in CAUSAL_MODES, f"one of {CAUSAL_MODES}",
@@ -163,11 +165,11 @@ def _check_other_masks(fn: str, given: dict) -> list[str]:
 
 
 def _other_masks(fn: str, shape: Shape, given: dict) -> dict[str, SearchStrategy]:
-    """A strategy per registered mask feature beyond :data:`EXPLICIT_MASKS`: the given one, else its own."""
-    names = _check_other_masks(fn, given)
+    """A strategy per asked-for mask feature beyond :data:`EXPLICIT_MASKS` (``True``: its own)."""
+    _check_other_masks(fn, given)
     out = {}
-    for name in names:
-        value = given.get(name, feature(name).strategy(shape))
+    for name, value in given.items():
+        value = feature(name).strategy(shape) if value is True else value
         if value is not None:
             out[name] = value if isinstance(value, SearchStrategy) else st.just(value)
     return out

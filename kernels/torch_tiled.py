@@ -19,10 +19,13 @@ from attnformal.tile import tile_grads, tile_scores
 from attnformal.kernels import protocol_entry
 from attnformal.kernels.split_kv import combine
 
+# The protocol features this kernel computes; any other active one is refused.
+SUPPORTS = frozenset({"causal", "window", "chunk_size", "kv_lens", "prefix_lens", "attn_mask", "softcap",
+                      "dropout_p", "dropout_mask"})
 DEFAULT_SCHEDULE = TileSchedule(block_m=128, block_n=128)
 
 
-@protocol_entry
+@protocol_entry(SUPPORTS)
 def attention(q, k, v, spec: AttentionSpec, schedule: TileSchedule | None):
     """The implementation protocol, computed tile by tile from ``schedule``.
 
@@ -38,7 +41,7 @@ def compute_dtype(dtype):
 
 
 class _Problem:
-    """One batch group (elements sharing a key length, hence a geometry) and its tile views."""
+    """One batch group (elements sharing a geometry) and its tile views."""
 
     def __init__(self, spec: AttentionSpec, schedule: TileSchedule, batches, q, k, v):
         self.spec, self.schedule = spec, schedule
@@ -91,10 +94,9 @@ def _span(block, size, length):
 
 
 def _groups(spec: AttentionSpec, device):
-    """Index tensors of batch elements that share a key length (one schedule each)."""
-    lens = spec.kv_lens if spec.kv_lens is not None else (spec.len_k,) * spec.batch
-    for n in sorted(set(lens)):
-        yield torch.tensor([b for b, length in enumerate(lens) if length == n], device=device)
+    """Index tensors of batch elements that share a geometry (one schedule each)."""
+    for batches in spec.batch_groups():
+        yield torch.tensor(batches, device=device)
 
 
 def _forward(spec, schedule, q, k, v):

@@ -40,8 +40,8 @@ import z3
 from attnformal import masks, schedule
 from attnformal.logic import VACUOUS, Budget, Control, Labeled, Proof, Query, Settings, check_z3, plain_solver
 from attnformal.masks import MaskGeometry
-from attnformal.proofs.integers import (BLOCK_SIZES, floor_division, floor_division_lemma, geometries,
-                                        symbolic_schedule)
+from attnformal.proofs.integers import (BLOCK_SIZES, domain, floor_division, floor_division_lemma, geometries,
+                                        shown_values, slow, symbolic_schedule)
 from attnformal.schedule import FULL, PARTIAL, SKIP, TILE_CLASS_NAMES
 
 COST = 3  # rough seconds; the prover starts the longest obligations first
@@ -74,7 +74,7 @@ class Tile:
                ("bm, bn >= 0", z3.And(self.bm >= 0, self.bn >= 0))]
         if isinstance(self.block_m, z3.ExprRef):
             out.append(BLOCK_SIZES)
-        return tuple(out)
+        return (*out, *domain(self.g))
 
     def show(self, **positions):
         g = self.g
@@ -82,7 +82,7 @@ class Tile:
                  "bm": self.bm, "bn": self.bn, "class": Labeled(self.cls, TILE_CLASS_NAMES), **positions}
         if g.window is not None:
             shown.update(L=g.window[0], R=g.window[1])
-        return shown
+        return {**shown, **shown_values(g.values)}
 
 
 def attn_mask(i, j):
@@ -158,23 +158,30 @@ PROPERTIES = (
 )
 
 
-def checks(settings: Settings, budget: Budget):
+def checks(settings: Settings, budget: Budget, slow_families=False, properties=None, keep=None):
+    """``properties`` (default: all) for every family -- those with a slow feature (``slow_families``) or
+    the others; ``keep(g)``, when given, picks among them."""
     lemma = floor_division_lemma(budget)
     yield lemma
     note = "all block sizes; " + instances(settings)
-    for claim, prop in PROPERTIES:
-        proof = check_property(claim, prop, [("all block sizes", symbolic_schedule())], lemma, budget)
+    properties = PROPERTIES if properties is None else properties
+    for claim, prop in properties:
+        proof = check_property(claim, prop, [("all block sizes", symbolic_schedule())], lemma, budget,
+                               slow_families=slow_families, keep=keep)
         yield proof.but(detail="; ".join(filter(None, (proof.detail, note))))
     mine = overriding(settings)
-    for claim, prop in PROPERTIES if mine else ():
-        yield check_property(f"{claim} [{', '.join(label for label, _ in mine)}]", prop, mine, lemma, budget)
+    for claim, prop in properties if mine else ():
+        yield check_property(f"{claim} [{', '.join(label for label, _ in mine)}]", prop, mine, lemma, budget,
+                             slow_families=slow_families, keep=keep)
 
 
-def check_property(claim, prop, schedules, lemma: Proof, budget: Budget, families=None):
+def check_property(claim, prop, schedules, lemma: Proof, budget: Budget, families=None, slow_families=False,
+                   keep=None):
     def queries():
         for label, sched in schedules:
             for family, g in geometries():
-                if families is not None and family not in families:
+                if (families is not None and family not in families) or slow(g) != slow_families \
+                        or (keep is not None and not keep(g)):
                     continue
                 t = Tile(g, sched)
                 formula, show = prop(t)
@@ -206,15 +213,14 @@ def _key_interval_ending_early(i, g):
 
 def _key_interval_top_left(i, g):
     if g.causal == "bottom_right":
-        g = MaskGeometry(g.len_q, g.len_k, "top_left", g.window, g.has_attn_mask)
+        g = g.replace(causal="top_left")
     return masks.key_interval(i, g)
 
 
 def _tile_class_padded_lengths(bm, bn, g, block_m, block_n):
     from attnformal import ops
 
-    padded = MaskGeometry(ops.cdiv(g.len_q, block_m) * block_m, ops.cdiv(g.len_k, block_n) * block_n,
-                          g.causal, g.window, g.has_attn_mask)
+    padded = g.replace(len_q=ops.cdiv(g.len_q, block_m) * block_m, len_k=ops.cdiv(g.len_k, block_n) * block_n)
     return _TILE_CLASS(bm, bn, padded, block_m, block_n)
 
 

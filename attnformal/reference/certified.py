@@ -43,6 +43,7 @@ import torch
 from flint import arb, ctx
 
 from attnformal import ops
+from attnformal.features import FEATURES, refuse_unsupported
 from attnformal.reference import arb_balls, fp64_balls
 from attnformal.spec import AttentionSpec, SpecError
 
@@ -174,8 +175,16 @@ def _run_tiled(spec, x: dict, progress, executor, tiling) -> CertifiedResult:
 # ---------------------------------------------------------------- inputs
 
 
+def reference_supports() -> set[str]:
+    """The features the certified and mpmath references compute: every mask (through ``spec.allowed``),
+    dropout, and the score modifications they implement by name (softcap)."""
+    return {f.name for f in FEATURES if f.role in ("interval", "length", "data", "dropout")} | {"softcap"}
+
+
 def exact_inputs(spec: AttentionSpec, q, k, v, grad_out) -> dict:
-    """Float64 CPU copies (exact for every supported dtype), checked finite."""
+    """Float64 CPU copies (exact for every supported dtype), checked finite; a feature the references
+    do not compute is refused (``NotImplementedError``)."""
+    refuse_unsupported(spec, reference_supports(), "the certified and mpmath references")
     tensors = {"q": q, "k": k, "v": v}
     if grad_out is not None:
         expected = (spec.batch, spec.heads_q, spec.len_q, spec.head_dim_v)

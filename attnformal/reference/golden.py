@@ -33,6 +33,7 @@ import torch
 
 from attnformal import __version__
 from attnformal.cli import atomic_path, output_file
+from attnformal.features import FEATURES
 from attnformal.reference.certified import FIELDS, CertifiedResult, certified_attention
 from attnformal.spec import AttentionSpec, SpecError
 
@@ -70,10 +71,9 @@ class Golden:
 
 
 def protocol_kwargs(spec: AttentionSpec) -> dict:
-    """The implementation-protocol keywords that reproduce ``spec`` (with its mask tensors)."""
-    return {"scale": spec.scale, "causal": spec.causal, "window": spec.window,
-            "kv_lens": None if spec.kv_lens is None else list(spec.kv_lens), "softcap": spec.softcap,
-            "dropout_p": spec.dropout_p, "attn_mask": spec.attn_mask, "dropout_mask": spec.dropout_mask}
+    """The implementation-protocol keywords that reproduce ``spec`` (every feature, with its mask tensors)."""
+    return {"scale": spec.scale, **{f.name: f.from_json(f.to_json(value)) if not f.tensor else value
+                                    for f, value in zip(FEATURES, spec.values().values())}}
 
 
 # ---------------------------------------------------------------- inputs
@@ -241,11 +241,9 @@ def _read_array(path, archive, name: str, expected: dict, dtype: str) -> np.ndar
 
 def _rebuild_spec(path, meta, inputs, arrays) -> AttentionSpec:
     stored = meta["spec"]
-    kwargs = {"scale": stored.get("scale"), "causal": stored.get("causal"),
-              "window": None if stored.get("window") is None else tuple(stored["window"]),
-              "kv_lens": stored.get("kv_lens"), "softcap": stored.get("softcap"),
-              "dropout_p": stored.get("dropout_p", 0.0),
-              "attn_mask": _mask(arrays, "attn_mask"), "dropout_mask": _mask(arrays, "dropout_mask")}
+    kwargs = {"scale": stored.get("scale"),
+              **{f.name: _mask(arrays, f.name) if f.tensor else f.from_json(stored.get(f.name, f.default))
+                 for f in FEATURES}}
     try:
         spec = AttentionSpec.from_inputs(inputs["q"], inputs["k"], inputs["v"], **kwargs)
     except SpecError as err:
@@ -289,10 +287,11 @@ def _verify_sample(path, spec: AttentionSpec, inputs: dict, reference: dict) -> 
             continue
         g = int(heads[h])
         kwargs = protocol_kwargs(spec)
-        kwargs["kv_lens"] = None if spec.kv_lens is None else [spec.kv_lens[b]]
-        for name in ("attn_mask", "dropout_mask"):
-            if kwargs[name] is not None:
-                kwargs[name] = kwargs[name][b:b + 1, h:h + 1]
+        for f in FEATURES:  # batch element b (and head h of the mask data) on its own
+            if f.per_batch and kwargs[f.name] is not None:
+                kwargs[f.name] = [kwargs[f.name][b]]
+            if f.tensor and kwargs[f.name] is not None:
+                kwargs[f.name] = kwargs[f.name][b:b + 1, h:h + 1]
         x = {name: inputs[name][b:b + 1, hh:hh + 1]
              for name, hh in (("q", h), ("k", g), ("v", g), ("grad_out", h))}
         fresh = certified_attention(x["q"], x["k"], x["v"], x["grad_out"], **kwargs)

@@ -16,9 +16,15 @@ from dataclasses import dataclass
 
 import torch
 
+from attnformal.features import FEATURES as REGISTERED
+
 FIELDS = ("out", "lse", "dq", "dk", "dv")
-FEATURES = ("lse", "backward", "gqa", "causal_top_left", "causal_bottom_right", "window", "kv_lens", "attn_mask",
-            "softcap", "dropout", "dropout_replay", "head_dim_v", "empty", "noncontiguous", "fp64")
+# The protocol features a case can exercise (coverage, --require): the registered features, with causal
+# by alignment and dropout as drawn by the implementation or replayed.
+_SPLIT = ("causal", "dropout_p", "dropout_mask")
+FEATURES = ("lse", "backward", "gqa", "causal_top_left", "causal_bottom_right",
+            *(f.name for f in REGISTERED if f.name not in _SPLIT),
+            "dropout", "dropout_replay", "head_dim_v", "empty", "noncontiguous", "fp64")
 
 
 class Unsupported(Exception):
@@ -50,7 +56,7 @@ def case_features(case, *, lse=False, backward=False) -> tuple[str, ...]:
     found += ["backward"] if backward else []
     found += ["gqa"] if spec.heads_q != spec.heads_kv else []
     found += [f"causal_{spec.causal}"] if spec.causal else []
-    found += [name for name in ("window", "kv_lens", "attn_mask", "softcap") if kw.get(name) is not None]
+    found += [f.name for f in REGISTERED if f.name not in _SPLIT and f.active(kw.get(f.name))]
     if spec.dropout_p > 0:
         found.append("dropout_replay" if spec.dropout_mask is not None else "dropout")
     found += ["head_dim_v"] if spec.head_dim_v != spec.head_dim else []
@@ -77,6 +83,13 @@ def call(impl, case, *, lse=False, backward=False, watch=None) -> Observed:
         grads = _backward(out, leaves, case.grad_out) if backward else (None, None, None)
     except NotImplementedError as err:
         raise Unsupported(case_features(case, lse=lse, backward=backward), str(err) or "NotImplementedError") from None
+    except TypeError as err:
+        unknown = _unknown_feature(err, case)
+        if unknown is None:
+            raise ContractError(f"raised TypeError: {err}") from None
+        # An implementation written before a feature existed has no keyword for it: that is a refusal.
+        raise Unsupported(case_features(case, lse=lse, backward=backward),
+                          f"takes no keyword {unknown!r} (raised TypeError: {err})") from None
     except ContractError:
         raise
     except SystemExit as err:  # the battery must outlive a kernel that exits: a broken contract, not the end
@@ -90,6 +103,15 @@ def call(impl, case, *, lse=False, backward=False, watch=None) -> Observed:
     observed = Observed(out.detach(), None if out_lse is None else out_lse.detach(), *grads)
     _check_contract(case, observed)
     return observed
+
+
+def _unknown_feature(err: TypeError, case) -> str | None:
+    """The protocol feature keyword of ``case`` that a TypeError says the implementation does not take."""
+    text = str(err)
+    for name in case.kwargs:
+        if name in {f.name for f in REGISTERED} and f"unexpected keyword argument '{name}'" in text:
+            return name
+    return None
 
 
 def _unpack(result, want_lse):

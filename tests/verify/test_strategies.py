@@ -65,3 +65,25 @@ def test_the_documented_pattern_passes_a_correct_kernel_on_large_logits(problem)
     false alarm on a correct tiled kernel (a bare atol did: 1.87x the tolerance in fp32)."""
     ref = problem.reference()
     assert_attention_close(problem.call(attention), ref.values["out"], **ref.tolerance("out"))
+
+
+def test_other_mask_features_are_drawn_only_when_asked_and_refused_combinations_dropped():
+    from hypothesis import given, settings
+
+    from attnformal import strategies as attn
+    from attnformal.verify.cases import Shape
+
+    sh = Shape(2, 2, 1, 9, 13, 4, 4)
+    seen = []
+
+    @settings(max_examples=30, database=None, derandomize=True)
+    @given(plain=attn.masks(sh), chunked=attn.masks(sh, chunk_size=True),
+           prefixed=attn.masks(sh, prefix_lens=True, causal="top_left", window=None),
+           refused=attn.masks(sh, prefix_lens=[3, 4], causal=None))
+    def draw(plain, chunked, prefixed, refused):
+        assert not {"chunk_size", "prefix_lens"} & set(plain)
+        assert "prefix_lens" not in refused, "a prefix without causal is dropped"
+        seen.extend([*chunked, *prefixed])
+
+    draw()
+    assert {"chunk_size", "prefix_lens"} <= set(seen), "asked for, both are drawn"

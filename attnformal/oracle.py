@@ -13,16 +13,19 @@ from attnformal.spec import AttentionSpec, apply_softcap
 
 
 def attention_oracle(q, k, v, *, scale=None, causal=None, window=None, attn_mask=None, kv_lens=None,
-                     softcap=None, dropout_p=0.0, dropout_mask=None, return_lse=False):
+                     softcap=None, dropout_p=0.0, dropout_mask=None, sinks=None, alibi_slopes=None, bias=None,
+                     return_lse=False):
     """Dense float64 attention; the implementation protocol, computed in float64.
 
     q ``[B, Hq, Sq, D]``, k ``[B, Hkv, Sk, D]``, v ``[B, Hkv, Sk, Dv]``. Returns ``out``
     ``[B, Hq, Sq, Dv]`` (and ``lse`` ``[B, Hq, Sq]`` when ``return_lse``), both float64.
-    Differentiable: gradients flow to q, k, v through autograd, zero for empty rows.
+    Differentiable: gradients flow to q, k, v (zero for empty rows), ``sinks`` and ``bias``
+    through autograd.
     """
     spec = AttentionSpec.from_inputs(q, k, v, scale=scale, causal=causal, window=window,
                                      attn_mask=attn_mask, kv_lens=kv_lens, softcap=softcap,
-                                     dropout_p=dropout_p, dropout_mask=dropout_mask)
+                                     dropout_p=dropout_p, dropout_mask=dropout_mask, sinks=sinks,
+                                     alibi_slopes=alibi_slopes, bias=bias)
     out, lse = oracle_from_spec(spec, q, k, v)
     return (out, lse) if return_lse else out
 
@@ -51,13 +54,22 @@ def oracle_probabilities(spec: AttentionSpec, q, k, dtype=torch.float64):
     s = spec.scale * (q @ k.transpose(-1, -2))
     if spec.softcap is not None:
         s = apply_softcap(s, spec.softcap)
+    bias = spec.score_bias(torch.arange(spec.batch, device=q.device), slice(0, spec.len_q), slice(0, spec.len_k),
+                           dtype)
+    if bias is not None:
+        s = s + bias
     allowed = spec.allowed(q.device)
-    # Shift by the row max of allowed scores; an empty row may use any finite shift.
+    sink = None if spec.sinks is None else spec.sinks.to(dtype)[None, :, None, None]
+    # Shift by the row max of allowed scores and the sink; an empty row may use any finite shift.
     m = ops.rowmax(s.masked_fill(~allowed, float("-inf")))
+    if sink is not None:
+        m = torch.maximum(m, sink)
     m = torch.where(torch.isfinite(m), m, 0.0).detach()
     # Excluded entries take exp(0) in the discarded branch, so no inf or NaN reaches autograd.
     e = torch.where(allowed, torch.where(allowed, s - m, 0.0).exp(), 0.0)
     l = e.sum(dim=-1, keepdim=True)
+    if sink is not None:
+        l = l + (sink - m).exp()  # the sink's term: in the denominator, never in the output
     seen = l > 0
     l_safe = torch.where(seen, l, 1.0)
     lse = torch.where(seen, m + l_safe.log(), float("-inf")).squeeze(-1)

@@ -6,14 +6,27 @@ For batch ``b``, query head ``h``, query row ``i`` and key ``j``::
 
     s[i, j]  = scale * q[b, h, i] . k[b, g(h), j]          g(h) = h // (Hq // Hkv)   (GQA/MQA)
     s[i, j]  = softcap * tanh(s[i, j] / softcap)            if softcap (after scale, before mask)
+    s[i, j] += -alibi_slopes[b, h] * |i + Sk_b - Sq - j|    if alibi_slopes (after softcap)
+    s[i, j] += bias[b, h, i, j]                             if bias (broadcast; after softcap)
     allowed  = may_attend(i, j, geometry(b)) and attn_mask[b, h, i, j]
-    p[i, :]  = softmax over allowed keys of s[i, :]         (0 at disallowed keys)
-    lse[i]   = log sum_{allowed j} exp(s[i, j])            (natural log)
+    Z[i]     = exp(sinks[h]) + sum_{allowed j} exp(s[i, j])  (exp(sinks[h]) only with sinks)
+    p[i, j]  = exp(s[i, j]) / Z[i] at allowed keys, 0 elsewhere
+    lse[i]   = log Z[i]                                     (natural log)
     out[i]   = sum_j p[i, j] * keep[i, j] / (1 - dropout_p) * v[b, g(h), j]
 
-Empty-row rule: a row with no allowed key has ``out = 0``, ``lse = -inf`` and zero
-gradients, never NaN. Dropout never changes ``lse``: it acts on probabilities, after the
-denominator, with a keep-mask that is replayed exactly.
+Empty-row rule: a row with no allowed key has ``out = 0``, ``lse = -inf`` (``lse = sinks[h]``
+with a sink) and zero gradients for q, k, v, never NaN. Dropout never changes ``lse``: it acts on
+probabilities, after the denominator, with a keep-mask that is replayed exactly.
+
+A **sink** ``sinks[h]`` is a logit that joins the denominator and carries no value (gpt-oss);
+dropout does not apply to it; ``-inf`` is no sink. Its gradient is
+``d sinks[h] = sum_{b, i} p_sink (dlse - rowsum(dO * out))`` with ``p_sink = exp(sinks[h] - lse)``.
+**ALiBi** follows flash-attention: ``-slope * |i + Sk - Sq - j|``, bottom-right aligned with the
+batch's own key length (``kv_lens``), added after scale and softcap (flash-attention
+``tests/test_flash_attn.py`` ``attention_ref``/``attn_bias_from_alibi_slopes`` and
+``csrc/flash_attn/src/alibi.h`` at commit 0251105a2fb19d2957484b7f023cd8c115286ced); the slopes get
+no gradient. An additive ``bias`` (Ascend ``pse``) is added at the same point; its gradient is
+``dS`` summed over the dimensions it was broadcast along.
 """
 
 from __future__ import annotations
@@ -47,6 +60,15 @@ def apply_softcap(s, cap):
     return cap * ops.tanh(s / cap)
 
 
+def alibi_bias(i, j, slope, len_q, len_k):
+    """ALiBi's score bias ``-slope * |i + len_k - len_q - j|`` (flash-attention's convention).
+
+    Zero on the bottom-right diagonal ``j = i + len_k - len_q``, falling linearly on both sides.
+    """
+    distance = i + len_k - len_q - j
+    return -slope * ops.maximum(distance, -distance)
+
+
 @dataclass(frozen=True)
 class AttentionSpec:
     """Everything that defines an attention problem, except the numbers in q, k, v.
@@ -70,6 +92,9 @@ class AttentionSpec:
     dropout_p: float = 0.0
     attn_mask: Any = field(default=None, compare=False, repr=False)
     dropout_mask: Any = field(default=None, compare=False, repr=False)
+    sinks: Any = field(default=None, compare=False, repr=False)  # [Hq] logits, the caller's tensor
+    alibi_slopes: Any = field(default=None, compare=False, repr=False)  # [B, Hq] (a [Hq] one expanded)
+    bias: Any = field(default=None, compare=False, repr=False)  # the caller's tensor (its gradient flows)
 
     @property
     def group(self) -> int:
@@ -108,19 +133,44 @@ class AttentionSpec:
             allowed = allowed & self.attn_mask.to(device)
         return allowed
 
+    def score_bias(self, batches, rows: slice, cols: slice, dtype):
+        """The additive score bias (ALiBi plus ``bias``) of batch elements ``batches`` (an index
+        tensor) on a tile of ``rows`` and ``cols``: ``[len(batches), Hq, rows, cols]`` in ``dtype``,
+        or None when the problem has neither."""
+        if self.alibi_slopes is None and self.bias is None:
+            return None
+        import torch
+
+        device = batches.device
+        total = torch.zeros((), dtype=dtype, device=device)
+        if self.alibi_slopes is not None:
+            i = torch.arange(rows.start, rows.stop, device=device)[:, None]
+            j = torch.arange(cols.start, cols.stop, device=device)[None, :]
+            lens = self.len_k if self.kv_lens is None else _element(self.kv_lens, batches)[:, None, None, None]
+            slope = self.alibi_slopes.to(device=device, dtype=dtype)[batches][:, :, None, None]
+            total = total + alibi_bias(i, j, slope, self.len_q, lens).to(dtype)
+        if self.bias is not None:
+            full = (self.batch, self.heads_q, self.len_q, self.len_k)
+            total = total + self.bias.expand(full)[batches][:, :, rows, cols].to(dtype)
+        return total.expand(len(batches), self.heads_q, rows.stop - rows.start, cols.stop - cols.start)
+
     def to_json(self) -> dict:
-        """The JSON-able part of the spec (the masks are data and travel separately)."""
-        skip = {"attn_mask", "dropout_mask"}
+        """The JSON-able part of the spec (the masks and the bias are data and travel separately)."""
+        skip = {"attn_mask", "dropout_mask", "sinks", "alibi_slopes", "bias"}
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
         out["window"] = list(self.window) if self.window is not None else None
         out["kv_lens"] = list(self.kv_lens) if self.kv_lens is not None else None
         out["has_attn_mask"] = self.attn_mask is not None
         out["has_dropout_mask"] = self.dropout_mask is not None
+        out["sinks"] = None if self.sinks is None else self.sinks.tolist()
+        out["alibi_slopes"] = None if self.alibi_slopes is None else self.alibi_slopes.tolist()
+        out["has_bias"] = self.bias is not None
         return out
 
     @classmethod
     def from_inputs(cls, q, k, v, *, scale=None, causal=None, window=None, attn_mask=None,
-                    kv_lens=None, softcap=None, dropout_p=0.0, dropout_mask=None) -> AttentionSpec:
+                    kv_lens=None, softcap=None, dropout_p=0.0, dropout_mask=None, sinks=None,
+                    alibi_slopes=None, bias=None) -> AttentionSpec:
         """Validate a call of the implementation protocol and describe it.
 
         Raises :class:`SpecError` naming the first argument that is wrong.
@@ -140,6 +190,9 @@ class AttentionSpec:
             dropout_p=dropout_p,
             attn_mask=_check_attn_mask(attn_mask, full, q.device),
             dropout_mask=_check_dropout_mask(dropout_mask, dropout_p, full, q.device),
+            sinks=_check_sinks(sinks, heads_q, q.device),
+            alibi_slopes=_check_alibi_slopes(alibi_slopes, batch, heads_q, q.device),
+            bias=_check_bias(bias, full, q.device),
         )
 
 
@@ -271,3 +324,54 @@ def _check_dropout_mask(mask, p, full, device):
     if mask.device != device:
         raise SpecError("dropout_mask", f"the device of q ({device})", _describe(mask))
     return mask
+
+
+def _check_float_tensor(name, t, expected, device):
+    import torch
+
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+        raise SpecError(name, f"None or a floating tensor {expected}", _describe(t))
+    if t.device != device:
+        raise SpecError(name, f"the device of q ({device})", _describe(t))
+
+
+def _check_sinks(sinks, heads_q, device):
+    if sinks is None:
+        return None
+    import torch
+
+    _check_float_tensor("sinks", sinks, f"[Hq={heads_q}] (one logit per query head)", device)
+    if tuple(sinks.shape) != (heads_q,):
+        raise SpecError("sinks", f"shape [Hq={heads_q}] (one logit per query head)", _describe(sinks))
+    if bool(torch.isnan(sinks).any()) or bool(torch.isposinf(sinks).any()):
+        raise SpecError("sinks", "finite logits or -inf (no sink)", repr(sinks.tolist()))
+    return sinks
+
+
+def _check_alibi_slopes(slopes, batch, heads_q, device):
+    if slopes is None:
+        return None
+    import torch
+
+    expected = f"[Hq={heads_q}] or [B={batch}, Hq={heads_q}]"
+    _check_float_tensor("alibi_slopes", slopes, expected, device)
+    if tuple(slopes.shape) not in ((heads_q,), (batch, heads_q)):
+        raise SpecError("alibi_slopes", f"shape {expected}", _describe(slopes))
+    if not bool(torch.isfinite(slopes).all()):
+        raise SpecError("alibi_slopes", "finite slopes", repr(slopes.tolist()))
+    return slopes.detach().expand(batch, heads_q)  # ALiBi slopes are constants: no gradient
+
+
+def _check_bias(bias, full, device):
+    if bias is None:
+        return None
+    import torch
+
+    _check_float_tensor("bias", bias, f"broadcastable to [B, Hq, Sq, Sk] = {list(full)}", device)
+    try:
+        bias.expand(full)
+    except RuntimeError:
+        raise SpecError("bias", f"a shape broadcastable to [B, Hq, Sq, Sk] = {list(full)}", _describe(bias)) from None
+    if bool(torch.isnan(bias).any()) or bool(torch.isposinf(bias).any()):
+        raise SpecError("bias", "finite values or -inf (a masked pair)", _describe(bias))
+    return bias

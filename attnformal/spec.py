@@ -372,6 +372,6 @@ def _check_bias(bias, full, device):
         bias.expand(full)
     except RuntimeError:
         raise SpecError("bias", f"a shape broadcastable to [B, Hq, Sq, Sk] = {list(full)}", _describe(bias)) from None
-    if bool(torch.isnan(bias).any()) or bool(torch.isposinf(bias).any()):
-        raise SpecError("bias", "finite values or -inf (a masked pair)", _describe(bias))
+    if not bool(torch.isfinite(bias).all()):
+        raise SpecError("bias", "finite values (mask pairs with attn_mask, not with -inf)", _describe(bias))
     return bias

@@ -46,7 +46,8 @@ BAD_CALLS = [
     ("alibi_slopes", dict(alibi_slopes=torch.tensor([1.0, 1.0, -math.inf, 1.0])), "finite slopes"),
     ("bias", dict(bias=torch.zeros(3, 5, 7)), "broadcastable to [B, Hq, Sq, Sk]"),
     ("bias", dict(bias=torch.zeros(5, 7, dtype=torch.bool)), "a floating tensor"),
-    ("bias", dict(bias=torch.full((5, 7), math.nan)), "finite values or -inf"),
+    ("bias", dict(bias=torch.full((5, 7), math.nan)), "finite values"),
+    ("bias", dict(bias=torch.full((5, 7), -math.inf)), "mask pairs with attn_mask"),
 ]
 
 

@@ -26,14 +26,36 @@ import warnings
 
 import torch
 
+from attnformal.features import refuse_unsupported, with_role
 from attnformal.spec import AttentionSpec
 
-def adapter(translate):
-    """A protocol function from ``translate(spec, q, k, v, return_lse)``: the call is validated once, here."""
-    @functools.wraps(translate)
-    def impl(q, k, v, *, return_lse=False, **protocol):
-        return translate(AttentionSpec.from_inputs(q, k, v, **protocol), q, k, v, return_lse)
-    return impl
+
+def adapter(supports):
+    """Decorator: a protocol function from ``translate(spec, q, k, v, return_lse)``; the call is validated
+    once, here, and an active feature outside ``supports`` is refused (``NotImplementedError`` naming it)."""
+    supports = frozenset(supports)
+
+    def wrap(translate):
+        @functools.wraps(translate)
+        def impl(q, k, v, *, return_lse=False, **protocol):
+            spec = AttentionSpec.from_inputs(q, k, v, **protocol)
+            refuse_unsupported(spec, supports, _name(translate))
+            return translate(spec, q, k, v, return_lse)
+
+        impl.SUPPORTS = supports
+        return impl
+
+    return wrap
+
+
+def _name(translate) -> str:
+    if isinstance(translate, functools.partial):
+        return f"{translate.func.__name__}{translate.args}"
+    return translate.__name__
+
+
+# Every mask feature: what an adapter that takes the spec's dense mask (``spec.allowed()``) computes.
+DENSE_MASKS = frozenset({"causal", "window", "kv_lens", "attn_mask"})
 
 
 def _optional(module: str):
@@ -44,8 +66,18 @@ def _optional(module: str):
         raise NotImplementedError(f"{module} is not installed") from None
 
 
-def _index_mask_only(spec: AttentionSpec) -> bool:
-    return spec.attn_mask is None and spec.kv_lens is None
+def _masked(spec: AttentionSpec) -> bool:
+    """Whether any mask feature (an index rule, per-batch lengths, mask data) is active."""
+    return bool(_active_masks(spec))
+
+
+def _masked_beyond(spec: AttentionSpec, *native: str) -> bool:
+    """Whether a mask feature other than ``native`` (those the kernel takes natively) is active."""
+    return bool(_active_masks(spec) - set(native))
+
+
+def _active_masks(spec: AttentionSpec) -> set[str]:
+    return {f.name for f in with_role("interval", "length", "data") if f.active(getattr(spec, f.name))}
 
 
 def _refuse(condition, reason):
@@ -62,15 +94,14 @@ def _sdpa(backend_name, spec, q, k, v, return_lse):
     from torch.nn.functional import scaled_dot_product_attention
 
     _refuse(return_lse, "torch SDPA does not return the log-sum-exp")
-    _refuse(spec.softcap is not None, "torch SDPA has no softcap")
     _refuse(spec.dropout_mask is not None, "torch SDPA draws its own dropout mask and cannot replay a given one")
     # SDPA's is_causal is top-left (the same as bottom-right when Sq == Sk), and its fused kernels
     # skip the masked blocks; every other mask goes in as the spec's dense mask, read in full.
     square = spec.len_q == spec.len_k
     native_causal = (spec.causal == "top_left" or (spec.causal == "bottom_right" and square)) \
-        and spec.window is None and _index_mask_only(spec)
+        and not _masked_beyond(spec, "causal")
     mask = None
-    if not native_causal and (spec.causal or spec.window is not None or not _index_mask_only(spec)):
+    if not native_causal and _masked(spec):
         mask = spec.allowed(q.device)
     pinned = contextlib.nullcontext() if backend_name is None else sdpa_kernel(getattr(SDPBackend, backend_name))
     # A backend that refuses the inputs says why in warnings; they become the unsupported reason.
@@ -87,11 +118,12 @@ def _sdpa(backend_name, spec, q, k, v, return_lse):
             raise NotImplementedError(f"SDPA {backend_name} backend refuses these inputs: {why}") from None
 
 
-sdpa = adapter(functools.partial(_sdpa, None))
-sdpa_math = adapter(functools.partial(_sdpa, "MATH"))
-sdpa_flash = adapter(functools.partial(_sdpa, "FLASH_ATTENTION"))
-sdpa_efficient = adapter(functools.partial(_sdpa, "EFFICIENT_ATTENTION"))
-sdpa_cudnn = adapter(functools.partial(_sdpa, "CUDNN_ATTENTION"))
+SDPA_SUPPORTS = DENSE_MASKS | {"dropout_p"}  # no softcap; its dropout draws its own mask
+sdpa = adapter(SDPA_SUPPORTS)(functools.partial(_sdpa, None))
+sdpa_math = adapter(SDPA_SUPPORTS)(functools.partial(_sdpa, "MATH"))
+sdpa_flash = adapter(SDPA_SUPPORTS)(functools.partial(_sdpa, "FLASH_ATTENTION"))
+sdpa_efficient = adapter(SDPA_SUPPORTS)(functools.partial(_sdpa, "EFFICIENT_ATTENTION"))
+sdpa_cudnn = adapter(SDPA_SUPPORTS)(functools.partial(_sdpa, "CUDNN_ATTENTION"))
 
 
 # ---------------------------------------------------------------- flex_attention, eager and compiled
@@ -100,7 +132,6 @@ sdpa_cudnn = adapter(functools.partial(_sdpa, "CUDNN_ATTENTION"))
 def _flex(compiled, spec, q, k, v, return_lse):
     from torch.nn.attention.flex_attention import flex_attention
 
-    _refuse(spec.dropout_p > 0, "flex_attention has no dropout")
     _refuse(0 in (spec.len_q, spec.len_k), "flex_attention needs at least one query and one key")
     if compiled and q.device.type == "cpu":
         _refuse(return_lse, "compiled flex_attention on CPU does not return lse (torch limitation)")
@@ -135,7 +166,7 @@ def _flex_lse_request(return_lse):
 
 def _block_mask(spec: AttentionSpec, device):
     """The spec's dense mask as a flex BlockMask (None when nothing is masked)."""
-    if spec.causal is None and spec.window is None and _index_mask_only(spec):
+    if not _masked(spec):
         return None
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -160,8 +191,9 @@ def _softcap_mod(cap):
     return score_mod
 
 
-flex_eager = adapter(functools.partial(_flex, False))
-flex_compiled = adapter(functools.partial(_flex, True))
+FLEX_SUPPORTS = DENSE_MASKS | {"softcap"}  # no dropout
+flex_eager = adapter(FLEX_SUPPORTS)(functools.partial(_flex, False))
+flex_compiled = adapter(FLEX_SUPPORTS)(functools.partial(_flex, True))
 
 
 # ---------------------------------------------------------------- the project's own kernels
@@ -211,14 +243,12 @@ def triton_flash(q, k, v, **kwargs):
 # ---------------------------------------------------------------- flash_attn (CUDA)
 
 
-@adapter
+@adapter({"causal", "window", "softcap", "dropout_p"})  # it draws its own dropout mask
 def flash_attn(spec, q, k, v, return_lse):
     """flash_attn.flash_attn_func ([B, S, H, D] layout, causal and window aligned bottom-right)."""
     flash_attn_func = _optional("flash_attn").flash_attn_func
     _refuse(q.device.type != "cuda", "flash_attn runs on CUDA only")
     _refuse(q.dtype not in (torch.float16, torch.bfloat16), "flash_attn supports fp16 and bf16 only")
-    _refuse(not _index_mask_only(spec), "flash_attn takes no explicit mask or per-batch lengths here")
-    _refuse(spec.dropout_mask is not None, "flash_attn cannot replay a given dropout mask")
     _refuse(spec.head_dim_v != spec.head_dim, "flash_attn needs Dv = D")
     _refuse(spec.causal == "top_left" and spec.len_q != spec.len_k, "flash_attn's causal mask is bottom-right")
     left, right = spec.window if spec.window is not None else (-1, -1)
@@ -235,19 +265,17 @@ def flash_attn(spec, q, k, v, return_lse):
 # ---------------------------------------------------------------- xformers
 
 
-@adapter
+@adapter(DENSE_MASKS | {"dropout_p"})  # no softcap; it draws its own dropout mask
 def xformers(spec, q, k, v, return_lse):
     """xformers.ops.memory_efficient_attention ([B, M, H, K] layout; GQA as [B, M, G, H, K])."""
     xops = _optional("xformers.ops")
     _refuse(return_lse, "the xformers adapter does not return lse")
-    _refuse(spec.softcap is not None, "xformers has no softcap")
-    _refuse(spec.dropout_mask is not None, "xformers cannot replay a given dropout mask")
     bias = None
-    if spec.causal == "top_left" and spec.window is None and _index_mask_only(spec):
+    if spec.causal == "top_left" and not _masked_beyond(spec, "causal"):
         bias = xops.LowerTriangularMask()
-    elif spec.causal == "bottom_right" and spec.window is None and _index_mask_only(spec):
+    elif spec.causal == "bottom_right" and not _masked_beyond(spec, "causal"):
         bias = xops.fmha.attn_bias.LowerTriangularFromBottomRightMask()
-    elif spec.causal or spec.window is not None or not _index_mask_only(spec):
+    elif _masked(spec):
         bias = torch.zeros(spec.batch, spec.heads_q, spec.len_q, spec.len_k, dtype=q.dtype, device=q.device)
         bias = bias.masked_fill(~spec.allowed(q.device), -math.inf)
     group = spec.group
@@ -262,7 +290,7 @@ def xformers(spec, q, k, v, return_lse):
 # ---------------------------------------------------------------- torch_npu (Ascend)
 
 
-@adapter
+@adapter(DENSE_MASKS | {"dropout_p"})  # no softcap; it draws its own dropout mask
 def npu_fusion_attention(spec, q, k, v, return_lse):
     """torch_npu.npu_fusion_attention in BNSD layout.
 
@@ -272,8 +300,6 @@ def npu_fusion_attention(spec, q, k, v, return_lse):
     per-batch lengths, or a geometry it does not map, go in whole (sparse mode 1).
     """
     torch_npu = _optional("torch_npu")
-    _refuse(spec.softcap is not None, "npu_fusion_attention has no softcap")
-    _refuse(spec.dropout_mask is not None, "npu_fusion_attention cannot replay a given dropout mask")
     sparse_mode, pre_tokens, next_tokens, forbidden = _npu_mask(spec, q.device)
     outputs = torch_npu.npu_fusion_attention(q, k, v, spec.heads_q, "BNSD", atten_mask=forbidden, scale=spec.scale,
                                              keep_prob=1.0 - spec.dropout_p, pre_tockens=pre_tokens,
@@ -295,7 +321,7 @@ def _npu_mask(spec: AttentionSpec, device):
     """
     from attnformal.npu import INT_MAX, npu_atten_mask, npu_mask_args
 
-    if spec.kv_lens is None:
+    if not _masked_beyond(spec, "causal", "window"):  # a geometry shared by every batch element
         try:
             mode, pre_tokens, next_tokens = npu_mask_args(spec.geometry())
         except NotImplementedError:

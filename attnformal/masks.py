@@ -24,27 +24,69 @@ index rule, so a tile under it is never classified as fully allowed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 from attnformal import ops
+from attnformal.features import FEATURES, with_role
+from attnformal.features.causal import CAUSAL_MODES
 
-CAUSAL_MODES = (None, "top_left", "bottom_right")
+__all__ = ["CAUSAL_MODES", "MaskGeometry", "key_interval", "may_attend"]
 
 
-@dataclass(frozen=True)
 class MaskGeometry:
-    """The index mask of one batch element. Fields may be ints, int tensors or Z3 Ints."""
+    """The index mask of one batch element: its lengths and the value of every mask feature.
 
-    len_q: Any
-    len_k: Any  # effective key length: kv_lens[b] when given, else Sk
-    causal: str | None = None
-    window: tuple[Any, Any] | None = None  # (left, right); negative: unbounded on that side
-    has_attn_mask: bool = False  # an explicit mask is ANDed on top of the index rule
+    Values may be ints, int tensors or Z3 Ints. The first arguments keep their historic order
+    (``MaskGeometry(len_q, len_k, causal, window, has_attn_mask)``); every other mask feature is a
+    keyword named after it (``chunk_size=...``). ``g.<feature>`` reads a value (None: inactive).
+    """
 
-    def __post_init__(self):
-        if self.causal not in CAUSAL_MODES:
-            raise ValueError(f"causal must be one of {CAUSAL_MODES}, got {self.causal!r}")
+    def __init__(self, len_q, len_k, causal=None, window=None, has_attn_mask=False, **values):
+        if causal not in CAUSAL_MODES:
+            raise ValueError(f"causal must be one of {CAUSAL_MODES}, got {causal!r}")
+        known = {f.name for f in _mask_features()}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise TypeError(f"MaskGeometry: no mask feature named {unknown[0]!r}; known: {', '.join(sorted(known))}")
+        object.__setattr__(self, "len_q", len_q)
+        object.__setattr__(self, "len_k", len_k)  # effective key length: kv_lens[b] when given, else Sk
+        object.__setattr__(self, "values", {"causal": causal, "window": window, "attn_mask": has_attn_mask, **values})
+
+    def __getattr__(self, name):
+        values = self.__dict__.get("values", {})
+        if name in values:
+            return values[name]
+        if any(f.name == name for f in _mask_features()):
+            return None
+        raise AttributeError(f"MaskGeometry has no attribute {name!r}")
+
+    def __setattr__(self, name, value):
+        raise AttributeError("MaskGeometry is immutable: use replace()")
+
+    def replace(self, **changes) -> MaskGeometry:
+        """A copy with ``len_q``, ``len_k``, ``has_attn_mask`` or feature values changed."""
+        values = dict(self.values)
+        if "has_attn_mask" in changes:
+            values["attn_mask"] = changes.pop("has_attn_mask")
+        values.update(changes)
+        return MaskGeometry(values.pop("len_q", self.len_q), values.pop("len_k", self.len_k), values.pop("causal"),
+                            values.pop("window"), values.pop("attn_mask"), **values)
+
+    def _key(self):
+        return (self.len_q, self.len_k, tuple(sorted((k, repr(v)) for k, v in self.values.items())))
+
+    def __eq__(self, other):
+        return isinstance(other, MaskGeometry) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
+
+    def __repr__(self):
+        shown = ", ".join(f"{k}={v!r}" for k, v in self.values.items() if v is not None and v is not False)
+        return f"MaskGeometry(len_q={self.len_q!r}, len_k={self.len_k!r}{', ' if shown else ''}{shown})"
+
+    @property
+    def has_attn_mask(self):
+        """Whether mask data is ANDed on top (then no tile is FULL)."""
+        return any(f.active(self.values.get(f.name)) for f in with_role("data"))
 
     @property
     def offset(self):
@@ -52,17 +94,20 @@ class MaskGeometry:
         return self.len_k - self.len_q
 
 
+def _mask_features():
+    return [f for f in FEATURES if f.role in ("interval", "data")]
+
+
 def key_interval(i, g: MaskGeometry):
-    """``(lo, hi)``: the keys query ``i`` may attend are ``lo <= j <= hi`` (empty if lo > hi)."""
+    """``(lo, hi)``: the keys query ``i`` may attend are ``lo <= j <= hi`` (empty if lo > hi).
+
+    Each active index-mask feature narrows the interval in turn, in the registry's order.
+    """
     lo, hi = 0, g.len_k - 1
-    if g.causal == "top_left":
-        hi = ops.minimum(hi, i)
-    elif g.causal == "bottom_right":
-        hi = ops.minimum(hi, i + g.offset)
-    if g.window is not None:
-        left, right = g.window
-        lo = ops.where(left < 0, lo, ops.maximum(lo, i + g.offset - left))
-        hi = ops.where(right < 0, hi, ops.minimum(hi, i + g.offset + right))
+    for feature in with_role("interval"):
+        value = g.values.get(feature.name)
+        if feature.active(value):
+            lo, hi = feature.narrow(i, lo, hi, value, g)
     return lo, hi
 
 

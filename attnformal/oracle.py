@@ -9,23 +9,24 @@ from __future__ import annotations
 import torch
 
 from attnformal import ops
-from attnformal.spec import AttentionSpec, apply_softcap
+from attnformal.features import FEATURES, refuse_unsupported
+from attnformal.spec import AttentionSpec
+
+# The parts a feature can play that the dense computation below knows how to compute.
+ORACLE_ROLES = ("interval", "length", "data", "scores", "bias", "state", "dropout")
 
 
-def attention_oracle(q, k, v, *, scale=None, causal=None, window=None, attn_mask=None, kv_lens=None,
-                     softcap=None, dropout_p=0.0, dropout_mask=None, sinks=None, alibi_slopes=None, bias=None,
-                     return_lse=False):
+def attention_oracle(q, k, v, *, scale=None, return_lse=False, **features):
     """Dense float64 attention; the implementation protocol, computed in float64.
 
     q ``[B, Hq, Sq, D]``, k ``[B, Hkv, Sk, D]``, v ``[B, Hkv, Sk, Dv]``. Returns ``out``
     ``[B, Hq, Sq, Dv]`` (and ``lse`` ``[B, Hq, Sq]`` when ``return_lse``), both float64.
     Differentiable: gradients flow to q, k, v (zero for empty rows), ``sinks`` and ``bias``
-    through autograd.
+    through autograd. Every registered feature is a keyword (:mod:`attnformal.features`); the
+    oracle computes them all.
     """
-    spec = AttentionSpec.from_inputs(q, k, v, scale=scale, causal=causal, window=window,
-                                     attn_mask=attn_mask, kv_lens=kv_lens, softcap=softcap,
-                                     dropout_p=dropout_p, dropout_mask=dropout_mask, sinks=sinks,
-                                     alibi_slopes=alibi_slopes, bias=bias)
+    spec = AttentionSpec.from_inputs(q, k, v, scale=scale, **features)
+    refuse_unsupported(spec, {f.name for f in FEATURES if f.role in ORACLE_ROLES}, "the fp64 oracle")
     out, lse = oracle_from_spec(spec, q, k, v)
     return (out, lse) if return_lse else out
 
@@ -52,8 +53,7 @@ def oracle_probabilities(spec: AttentionSpec, q, k, dtype=torch.float64):
     disallowed keys and on empty rows) and the log-sum-exp ``[B, Hq, Sq]``, in ``dtype``."""
     q, k = q.to(dtype), k.to(dtype)[:, spec.kv_heads(q.device)]  # GQA by explicitly repeating K
     s = spec.scale * (q @ k.transpose(-1, -2))
-    if spec.softcap is not None:
-        s = apply_softcap(s, spec.softcap)
+    s = spec.modify_scores(s)
     bias = spec.score_bias(torch.arange(spec.batch, device=q.device), slice(0, spec.len_q), slice(0, spec.len_k),
                            dtype)
     if bias is not None:

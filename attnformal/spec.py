@@ -9,37 +9,32 @@ For batch ``b``, query head ``h``, query row ``i`` and key ``j``::
     s[i, j] += -alibi_slopes[b, h] * |i + Sk_b - Sq - j|    if alibi_slopes (after softcap)
     s[i, j] += bias[b, h, i, j]                             if bias (broadcast; after softcap)
     allowed  = may_attend(i, j, geometry(b)) and attn_mask[b, h, i, j]
-    Z[i]     = exp(sinks[h]) + sum_{allowed j} exp(s[i, j])  (exp(sinks[h]) only with sinks)
+    Z[i]     = exp(sinks[h]) + sum_{allowed j} exp(s[i, j])  (the sink's term only with sinks)
     p[i, j]  = exp(s[i, j]) / Z[i] at allowed keys, 0 elsewhere
     lse[i]   = log Z[i]                                     (natural log)
     out[i]   = sum_j p[i, j] * keep[i, j] / (1 - dropout_p) * v[b, g(h), j]
 
-Empty-row rule: a row with no allowed key has ``out = 0``, ``lse = -inf`` (``lse = sinks[h]``
-with a sink) and zero gradients for q, k, v, never NaN. Dropout never changes ``lse``: it acts on
-probabilities, after the denominator, with a keep-mask that is replayed exactly.
-
-A **sink** ``sinks[h]`` is a logit that joins the denominator and carries no value (gpt-oss);
-dropout does not apply to it; ``-inf`` is no sink. Its gradient is
-``d sinks[h] = sum_{b, i} p_sink (dlse - rowsum(dO * out))`` with ``p_sink = exp(sinks[h] - lse)``.
-**ALiBi** follows flash-attention: ``-slope * |i + Sk - Sq - j|``, bottom-right aligned with the
-batch's own key length (``kv_lens``), added after scale and softcap (flash-attention
-``tests/test_flash_attn.py`` ``attention_ref``/``attn_bias_from_alibi_slopes`` and
-``csrc/flash_attn/src/alibi.h`` at commit 0251105a2fb19d2957484b7f023cd8c115286ced); the slopes get
-no gradient. An additive ``bias`` (Ascend ``pse``) is added at the same point; its gradient is
-``dS`` summed over the dimensions it was broadcast along.
+Empty-row rule: a row with no allowed key has ``out = 0``, ``lse = -inf`` (``sinks[h]`` with a
+sink) and zero gradients for q, k, v, never NaN. Dropout never changes ``lse``: it acts on
+probabilities, after the denominator, with a keep-mask that is replayed exactly; it never
+applies to the sink. The features' own modules (:mod:`attnformal.features`) say the rest:
+ALiBi's alignment (flash-attention's, cited there), the gradients of sinks and bias.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
 from typing import Any
 
 from attnformal import ops
-from attnformal.masks import CAUSAL_MODES, MaskGeometry
+from attnformal.features import FEATURES, Problem, feature, with_role
+from attnformal.features.softcap import apply_softcap
+from attnformal.masks import MaskGeometry
+
+__all__ = ["SUPPORTED_DTYPES", "AttentionSpec", "SpecError", "apply_softcap", "describe", "kv_head_of"]
 
 SUPPORTED_DTYPES = ("float16", "bfloat16", "float32", "float64")
+CORE_FIELDS = ("batch", "heads_q", "heads_kv", "len_q", "len_k", "head_dim", "head_dim_v", "scale")
 
 
 class SpecError(ValueError):
@@ -55,46 +50,65 @@ def kv_head_of(h, heads_q, heads_kv):
     return ops.floordiv(h, ops.floordiv(heads_q, heads_kv))  # ops: also on Z3 Ints, for all head counts
 
 
-def apply_softcap(s, cap):
-    """``cap * tanh(s / cap)``: bounds the logits to ``(-cap, cap)`` smoothly."""
-    return cap * ops.tanh(s / cap)
-
-
-def alibi_bias(i, j, slope, len_q, len_k):
-    """ALiBi's score bias ``-slope * |i + len_k - len_q - j|`` (flash-attention's convention).
-
-    Zero on the bottom-right diagonal ``j = i + len_k - len_q``, falling linearly on both sides.
-    """
-    distance = i + len_k - len_q - j
-    return -slope * ops.maximum(distance, -distance)
-
-
-@dataclass(frozen=True)
 class AttentionSpec:
     """Everything that defines an attention problem, except the numbers in q, k, v.
 
-    Build it with :meth:`from_inputs`, which validates the call; the two tensor-valued
-    parts (``attn_mask``, ``dropout_mask``) stay out of equality and of :meth:`to_json`.
+    Build it with :meth:`from_inputs`, which validates the call. The shape fields
+    (``batch, heads_q, heads_kv, len_q, len_k, head_dim, head_dim_v``) and ``scale`` are the
+    core; every protocol feature of :data:`attnformal.features.FEATURES` is ``spec.<keyword>``
+    (its default when not given). Tensor-valued features (``attn_mask``, ``dropout_mask``) stay
+    out of equality and of :meth:`to_json`. Immutable: :meth:`replace` makes a changed copy.
     """
 
-    batch: int
-    heads_q: int
-    heads_kv: int
-    len_q: int
-    len_k: int
-    head_dim: int
-    head_dim_v: int
-    scale: float
-    causal: str | None = None
-    window: tuple[int, int] | None = None
-    kv_lens: tuple[int, ...] | None = None
-    softcap: float | None = None
-    dropout_p: float = 0.0
-    attn_mask: Any = field(default=None, compare=False, repr=False)
-    dropout_mask: Any = field(default=None, compare=False, repr=False)
-    sinks: Any = field(default=None, compare=False, repr=False)  # [Hq] logits, the caller's tensor
-    alibi_slopes: Any = field(default=None, compare=False, repr=False)  # [B, Hq] (a [Hq] one expanded)
-    bias: Any = field(default=None, compare=False, repr=False)  # the caller's tensor (its gradient flows)
+    def __init__(self, *, batch, heads_q, heads_kv, len_q, len_k, head_dim, head_dim_v, scale, **values):
+        known = {f.name for f in FEATURES}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise TypeError(f"AttentionSpec: unexpected keyword argument {unknown[0]!r} "
+                            f"(protocol features: {', '.join(f.name for f in FEATURES)})")
+        core = dict(batch=batch, heads_q=heads_q, heads_kv=heads_kv, len_q=len_q, len_k=len_k, head_dim=head_dim,
+                    head_dim_v=head_dim_v, scale=scale)
+        object.__setattr__(self, "_core", core)
+        object.__setattr__(self, "_values", values)
+
+    def __getattr__(self, name):
+        d = self.__dict__
+        if "_core" in d and name in d["_core"]:
+            return d["_core"][name]
+        if "_values" in d and name in d["_values"]:
+            return d["_values"][name]
+        if any(f.name == name for f in FEATURES):
+            return feature(name).default
+        raise AttributeError(f"AttentionSpec has no attribute {name!r}")
+
+    def __setattr__(self, name, value):
+        raise AttributeError("AttentionSpec is immutable: use replace()")
+
+    def values(self) -> dict:
+        """Every registered feature's value (its default when not given)."""
+        return {f.name: getattr(self, f.name) for f in FEATURES}
+
+    def active(self) -> list[str]:
+        """The features this problem uses, in registry order."""
+        return [f.name for f in FEATURES if f.active(getattr(self, f.name))]
+
+    def replace(self, **changes) -> AttentionSpec:
+        return AttentionSpec(**{**self._core, **self._values, **changes})
+
+    def _key(self):
+        compared = tuple((f.name, repr(getattr(self, f.name))) for f in FEATURES if not f.tensor)
+        return tuple(self._core.values()), compared
+
+    def __eq__(self, other):
+        return isinstance(other, AttentionSpec) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
+
+    def __repr__(self):
+        shown = [f"{k}={v!r}" for k, v in self._core.items()]
+        shown += [f"{f.name}={getattr(self, f.name)!r}" for f in FEATURES if not f.tensor]
+        return f"AttentionSpec({', '.join(shown)})"
 
     @property
     def group(self) -> int:
@@ -102,19 +116,61 @@ class AttentionSpec:
         return self.heads_q // self.heads_kv
 
     def geometry(self, b: int | None = None) -> MaskGeometry:
-        """The index mask of batch ``b`` (its own key length when ``kv_lens`` is given).
+        """The index mask of batch ``b``: every mask feature's value for it, and its own key length.
 
         ``b`` may also be an index tensor (every batch element at once: the class table) or a
-        Z3 Int (the prover's, with ``kv_lens`` a Z3 array).
+        Z3 Int (the prover's, with per-batch values Z3 arrays). ``b=None``: per-batch features
+        are not taken element-wise (their geometry then holds the whole list, or ``Sk``).
         """
-        len_k = self.len_k if self.kv_lens is None or b is None else _element(self.kv_lens, b)
-        return MaskGeometry(self.len_q, len_k, self.causal, self.window, self.attn_mask is not None)
+        len_k = self.len_k
+        for f in with_role("length"):
+            value = getattr(self, f.name)
+            if f.active(value) and b is not None:
+                len_k = f.key_length(f.geometry_value(value, b), len_k)
+        values = {f.name: f.geometry_value(getattr(self, f.name), b) for f in with_role("interval", "data")}
+        causal, window, has_mask = values.pop("causal"), values.pop("window"), values.pop("attn_mask")
+        return MaskGeometry(self.len_q, len_k, causal, window, has_mask, **values)
+
+    def batch_groups(self) -> list[tuple[int, ...]]:
+        """The batch elements grouped by geometry: one schedule serves each group."""
+        members: dict = {}
+        for b in range(self.batch):
+            members.setdefault(self.geometry(b), []).append(b)
+        return [tuple(batches) for batches in members.values()]
 
     def kv_heads(self, device=None):
         """Index tensor ``[Hq]``: the KV head each query head reads."""
         import torch
 
         return kv_head_of(torch.arange(self.heads_q, device=device), self.heads_q, self.heads_kv)
+
+    def modify_scores(self, s):
+        """The scores after every active score feature (softcap, ...), in registry order."""
+        for f in with_role("scores"):
+            value = getattr(self, f.name)
+            if f.active(value):
+                s = f.modify_scores(s, value)
+        return s
+
+    def key_lengths(self, batches):
+        """Each batch element's key length (``kv_lens`` or ``Sk``), for an index tensor ``batches``."""
+        import torch
+
+        return torch.as_tensor(self.geometry(batches).len_k, device=batches.device).expand(len(batches))
+
+    def score_bias(self, batches, rows: slice, cols: slice, dtype):
+        """The additive score bias of every active ``"bias"`` feature (ALiBi, ``bias``) on the tile
+        ``rows x cols`` of batch elements ``batches`` (an index tensor): ``[len(batches), Hq, rows,
+        cols]`` in ``dtype``, or None when there is none. Added after :meth:`modify_scores`."""
+        total = None
+        for f in with_role("bias"):
+            value = getattr(self, f.name)
+            if f.active(value):
+                part = f.score_bias(value, self, batches, rows, cols, dtype).to(dtype)
+                total = part if total is None else total + part
+        if total is None:
+            return None
+        return total.expand(len(batches), self.heads_q, rows.stop - rows.start, cols.stop - cols.start)
 
     def allowed(self, device=None):
         """Dense bool ``[B, Hq, Sq, Sk]`` of allowed pairs (for references and tests, not kernels)."""
@@ -129,83 +185,46 @@ class AttentionSpec:
              for b in range(self.batch)]
         )[:, None]
         allowed = per_batch.expand(self.batch, self.heads_q, self.len_q, self.len_k)
-        if self.attn_mask is not None:
-            allowed = allowed & self.attn_mask.to(device)
+        for f in with_role("data"):
+            value = getattr(self, f.name)
+            if f.active(value):
+                allowed = allowed & value.to(device)
         return allowed
 
-    def score_bias(self, batches, rows: slice, cols: slice, dtype):
-        """The additive score bias (ALiBi plus ``bias``) of batch elements ``batches`` (an index
-        tensor) on a tile of ``rows`` and ``cols``: ``[len(batches), Hq, rows, cols]`` in ``dtype``,
-        or None when the problem has neither."""
-        if self.alibi_slopes is None and self.bias is None:
-            return None
-        import torch
-
-        device = batches.device
-        total = torch.zeros((), dtype=dtype, device=device)
-        if self.alibi_slopes is not None:
-            i = torch.arange(rows.start, rows.stop, device=device)[:, None]
-            j = torch.arange(cols.start, cols.stop, device=device)[None, :]
-            lens = self.len_k if self.kv_lens is None else _element(self.kv_lens, batches)[:, None, None, None]
-            slope = self.alibi_slopes.to(device=device, dtype=dtype)[batches][:, :, None, None]
-            total = total + alibi_bias(i, j, slope, self.len_q, lens).to(dtype)
-        if self.bias is not None:
-            full = (self.batch, self.heads_q, self.len_q, self.len_k)
-            total = total + self.bias.expand(full)[batches][:, :, rows, cols].to(dtype)
-        return total.expand(len(batches), self.heads_q, rows.stop - rows.start, cols.stop - cols.start)
-
     def to_json(self) -> dict:
-        """The JSON-able part of the spec (the masks and the bias are data and travel separately)."""
-        skip = {"attn_mask", "dropout_mask", "sinks", "alibi_slopes", "bias"}
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
-        out["window"] = list(self.window) if self.window is not None else None
-        out["kv_lens"] = list(self.kv_lens) if self.kv_lens is not None else None
-        out["has_attn_mask"] = self.attn_mask is not None
-        out["has_dropout_mask"] = self.dropout_mask is not None
-        out["sinks"] = None if self.sinks is None else self.sinks.tolist()
-        out["alibi_slopes"] = None if self.alibi_slopes is None else self.alibi_slopes.tolist()
-        out["has_bias"] = self.bias is not None
+        """The JSON-able part of the spec (tensor features are data and travel separately: ``has_<name>``)."""
+        out = dict(self._core)
+        for f in FEATURES:
+            value = getattr(self, f.name)
+            if f.tensor:
+                out[f"has_{f.name}"] = value is not None
+            else:
+                out[f.name] = f.to_json(value)
         return out
 
     @classmethod
-    def from_inputs(cls, q, k, v, *, scale=None, causal=None, window=None, attn_mask=None,
-                    kv_lens=None, softcap=None, dropout_p=0.0, dropout_mask=None, sinks=None,
-                    alibi_slopes=None, bias=None) -> AttentionSpec:
+    def from_inputs(cls, q, k, v, *, scale=None, **keywords) -> AttentionSpec:
         """Validate a call of the implementation protocol and describe it.
 
-        Raises :class:`SpecError` naming the first argument that is wrong.
+        Raises :class:`SpecError` naming the first argument that is wrong, and ``TypeError``
+        for a keyword that is no registered feature.
         """
+        known = {f.name for f in FEATURES}
+        for name in keywords:
+            if name not in known:
+                raise TypeError(f"unexpected keyword argument {name!r} (protocol features: "
+                                f"{', '.join(f.name for f in FEATURES)})")
         batch, heads_q, len_q, head_dim = _check_qkv(q, k, v)
         heads_kv, len_k, head_dim_v = k.shape[1], k.shape[2], v.shape[3]
-        full = (batch, heads_q, len_q, len_k)
-        dropout_p = _check_dropout_p(dropout_p)
-        return cls(
-            batch=batch, heads_q=heads_q, heads_kv=heads_kv, len_q=len_q, len_k=len_k,
-            head_dim=head_dim, head_dim_v=head_dim_v,
-            scale=_check_scale(scale, head_dim),
-            causal=_check_causal(causal),
-            window=_check_window(window),
-            kv_lens=_check_kv_lens(kv_lens, batch, len_k),
-            softcap=_check_softcap(softcap),
-            dropout_p=dropout_p,
-            attn_mask=_check_attn_mask(attn_mask, full, q.device),
-            dropout_mask=_check_dropout_mask(dropout_mask, dropout_p, full, q.device),
-            sinks=_check_sinks(sinks, heads_q, q.device),
-            alibi_slopes=_check_alibi_slopes(alibi_slopes, batch, heads_q, q.device),
-            bias=_check_bias(bias, full, q.device),
-        )
+        problem = Problem(batch, heads_q, len_q, len_k, q.device)
+        values = {}
+        for f in FEATURES:
+            values[f.name] = f.validate(keywords.get(f.name, f.default), problem, values)
+        return cls(batch=batch, heads_q=heads_q, heads_kv=heads_kv, len_q=len_q, len_k=len_k,
+                   head_dim=head_dim, head_dim_v=head_dim_v, scale=_check_scale(scale, head_dim), **values)
 
 
-def _element(values, index):
-    """``values[index]``; for an index tensor, element by element."""
-    if type(index).__module__.partition(".")[0] == "torch":
-        import torch
-
-        return torch.as_tensor(values, dtype=torch.int64, device=index.device)[index]
-    return values[index]
-
-
-def _describe(t) -> str:
+def describe(t) -> str:
     import torch
 
     if not isinstance(t, torch.Tensor):
@@ -218,24 +237,24 @@ def _check_qkv(q, k, v):
 
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise SpecError(name, "a 4-D tensor [B, H, S, D]", _describe(t))
+            raise SpecError(name, "a 4-D tensor [B, H, S, D]", describe(t))
         if str(t.dtype).removeprefix("torch.") not in SUPPORTED_DTYPES:
-            raise SpecError(name, f"a floating dtype in {SUPPORTED_DTYPES}", _describe(t))
+            raise SpecError(name, f"a floating dtype in {SUPPORTED_DTYPES}", describe(t))
     for name, t in (("k", k), ("v", v)):
         if t.dtype != q.dtype:
-            raise SpecError(name, f"the dtype of q ({q.dtype})", _describe(t))
+            raise SpecError(name, f"the dtype of q ({q.dtype})", describe(t))
         if t.device != q.device:
-            raise SpecError(name, f"the device of q ({q.device})", _describe(t))
+            raise SpecError(name, f"the device of q ({q.device})", describe(t))
     batch, heads_q, len_q, head_dim = q.shape
     if head_dim == 0:
-        raise SpecError("q", "a head dim D >= 1", _describe(q))
+        raise SpecError("q", "a head dim D >= 1", describe(q))
     if k.shape[0] != batch or k.shape[3] != head_dim:
-        raise SpecError("k", f"shape [B={batch}, Hkv, Sk, D={head_dim}] (batch and head dim of q)", _describe(k))
+        raise SpecError("k", f"shape [B={batch}, Hkv, Sk, D={head_dim}] (batch and head dim of q)", describe(k))
     heads_kv, len_k = k.shape[1], k.shape[2]
     if heads_kv == 0 or heads_q % heads_kv:
         raise SpecError("k", f"a KV head count that divides Hq={heads_q} (GQA groups)", f"Hkv={heads_kv}")
     if tuple(v.shape[:3]) != (batch, heads_kv, len_k) or v.shape[3] == 0:
-        raise SpecError("v", f"shape [B={batch}, Hkv={heads_kv}, Sk={len_k}, Dv>=1] (as k)", _describe(v))
+        raise SpecError("v", f"shape [B={batch}, Hkv={heads_kv}, Sk={len_k}, Dv>=1] (as k)", describe(v))
     return batch, heads_q, len_q, head_dim
 
 
@@ -247,131 +266,3 @@ def _check_scale(scale, head_dim) -> float:
     return float(scale)
 
 
-def _check_causal(causal):
-    if causal not in CAUSAL_MODES:
-        raise SpecError("causal", "None, 'top_left' or 'bottom_right'", repr(causal))
-    return causal
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _check_window(window):
-    if window is None:
-        return None
-    if not isinstance(window, Sequence) or len(window) != 2 or not all(_is_int(w) for w in window):
-        raise SpecError("window", "None or a pair of ints (left, right); a negative bound is unbounded",
-                        repr(window))
-    return (int(window[0]), int(window[1]))
-
-
-def _check_kv_lens(kv_lens, batch, len_k):
-    if kv_lens is None:
-        return None
-    import torch
-
-    values = kv_lens.tolist() if isinstance(kv_lens, torch.Tensor) else kv_lens
-    if not isinstance(values, Sequence) or len(values) != batch or not all(_is_int(n) for n in values):
-        raise SpecError("kv_lens", f"None or {batch} ints (one key length per batch)", repr(kv_lens))
-    if any(not 0 <= n <= len_k for n in values):
-        raise SpecError("kv_lens", f"lengths in [0, Sk={len_k}]", repr(list(values)))
-    return tuple(int(n) for n in values)
-
-
-def _check_softcap(softcap):
-    if softcap is None:
-        return None
-    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not (0 < softcap < math.inf):
-        raise SpecError("softcap", "None or a finite float > 0", repr(softcap))
-    return float(softcap)
-
-
-def _check_dropout_p(p) -> float:
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
-        raise SpecError("dropout_p", "a float in [0, 1)", repr(p))
-    return float(p)
-
-
-def _check_attn_mask(mask, full, device):
-    if mask is None:
-        return None
-    import torch
-
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-        raise SpecError("attn_mask", "a bool tensor (True = may attend) or None", _describe(mask))
-    try:
-        expanded = mask.expand(full)
-    except RuntimeError:
-        raise SpecError("attn_mask", f"a shape broadcastable to [B, Hq, Sq, Sk] = {list(full)}",
-                        _describe(mask)) from None
-    if mask.device != device:
-        raise SpecError("attn_mask", f"the device of q ({device})", _describe(mask))
-    return expanded
-
-
-def _check_dropout_mask(mask, p, full, device):
-    if mask is None:
-        return None
-    import torch
-
-    if p == 0.0:
-        raise SpecError("dropout_mask", "None when dropout_p is 0 (a keep-mask needs dropout_p > 0)",
-                        _describe(mask))
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or tuple(mask.shape) != full:
-        raise SpecError("dropout_mask", f"a bool keep-mask of shape [B, Hq, Sq, Sk] = {list(full)}",
-                        _describe(mask))
-    if mask.device != device:
-        raise SpecError("dropout_mask", f"the device of q ({device})", _describe(mask))
-    return mask
-
-
-def _check_float_tensor(name, t, expected, device):
-    import torch
-
-    if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-        raise SpecError(name, f"None or a floating tensor {expected}", _describe(t))
-    if t.device != device:
-        raise SpecError(name, f"the device of q ({device})", _describe(t))
-
-
-def _check_sinks(sinks, heads_q, device):
-    if sinks is None:
-        return None
-    import torch
-
-    _check_float_tensor("sinks", sinks, f"[Hq={heads_q}] (one logit per query head)", device)
-    if tuple(sinks.shape) != (heads_q,):
-        raise SpecError("sinks", f"shape [Hq={heads_q}] (one logit per query head)", _describe(sinks))
-    if bool(torch.isnan(sinks).any()) or bool(torch.isposinf(sinks).any()):
-        raise SpecError("sinks", "finite logits or -inf (no sink)", repr(sinks.tolist()))
-    return sinks
-
-
-def _check_alibi_slopes(slopes, batch, heads_q, device):
-    if slopes is None:
-        return None
-    import torch
-
-    expected = f"[Hq={heads_q}] or [B={batch}, Hq={heads_q}]"
-    _check_float_tensor("alibi_slopes", slopes, expected, device)
-    if tuple(slopes.shape) not in ((heads_q,), (batch, heads_q)):
-        raise SpecError("alibi_slopes", f"shape {expected}", _describe(slopes))
-    if not bool(torch.isfinite(slopes).all()):
-        raise SpecError("alibi_slopes", "finite slopes", repr(slopes.tolist()))
-    return slopes.detach().expand(batch, heads_q)  # ALiBi slopes are constants: no gradient
-
-
-def _check_bias(bias, full, device):
-    if bias is None:
-        return None
-    import torch
-
-    _check_float_tensor("bias", bias, f"broadcastable to [B, Hq, Sq, Sk] = {list(full)}", device)
-    try:
-        bias.expand(full)
-    except RuntimeError:
-        raise SpecError("bias", f"a shape broadcastable to [B, Hq, Sq, Sk] = {list(full)}", _describe(bias)) from None
-    if not bool(torch.isfinite(bias).all()):
-        raise SpecError("bias", "finite values (mask pairs with attn_mask, not with -inf)", _describe(bias))
-    return bias

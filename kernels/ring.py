@@ -47,6 +47,8 @@ from attnformal.merge import SoftmaxState, block_state, empty_state, finalize, m
 from attnformal.spec import AttentionSpec
 from attnformal.tile import tile_grads, tile_scores
 
+# The protocol features this kernel computes; any other active one is refused.
+SUPPORTS = frozenset({"causal", "window", "kv_lens", "attn_mask", "softcap", "dropout_p", "dropout_mask"})
 WORLD_SIZE = 3
 BLOCK = 128  # rows and keys per tile inside a rank
 RESULT_TIMEOUT_S = 600
@@ -55,7 +57,7 @@ RESULT_TIMEOUT_S = 600
 def make_attention(world_size: int = WORLD_SIZE, combine=merge):
     """The protocol over ``world_size`` ranks; ``combine(received, own)`` merges states across ranks."""
 
-    @protocol_entry
+    @protocol_entry(SUPPORTS)
     def ring_attention(q, k, v, spec: AttentionSpec, schedule):
         """Ring attention over a gloo process group: key slices per rank, states merged around the ring."""
         if q.device.type != "cpu":

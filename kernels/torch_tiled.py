@@ -22,10 +22,13 @@ from attnformal.tile import sink_grads, tile_grads_and_dbias, tile_scores
 from attnformal.kernels import protocol_entry
 from attnformal.kernels.split_kv import combine
 
+# The protocol features this kernel computes; any other active one is refused.
+SUPPORTS = frozenset({"causal", "window", "kv_lens", "attn_mask", "softcap", "alibi_slopes", "bias", "sinks",
+                      "dropout_p", "dropout_mask"})
 DEFAULT_SCHEDULE = TileSchedule(block_m=128, block_n=128)
 
 
-@protocol_entry(supports={"sinks", "alibi_slopes", "bias"})
+@protocol_entry(SUPPORTS)
 def attention(q, k, v, spec: AttentionSpec, schedule: TileSchedule | None):
     """The implementation protocol, computed tile by tile from ``schedule``.
 
@@ -42,7 +45,7 @@ def compute_dtype(dtype):
 
 
 class _Problem:
-    """One batch group (elements sharing a key length, hence a geometry) and its tile views."""
+    """One batch group (elements sharing a geometry) and its tile views."""
 
     def __init__(self, spec: AttentionSpec, schedule: TileSchedule, batches, q, k, v):
         self.spec, self.schedule = spec, schedule
@@ -106,10 +109,9 @@ def _span(block, size, length):
 
 
 def _groups(spec: AttentionSpec, device):
-    """Index tensors of batch elements that share a key length (one schedule each)."""
-    lens = spec.kv_lens if spec.kv_lens is not None else (spec.len_k,) * spec.batch
-    for n in sorted(set(lens)):
-        yield torch.tensor([b for b, length in enumerate(lens) if length == n], device=device)
+    """Index tensors of batch elements that share a geometry (one schedule each)."""
+    for batches in spec.batch_groups():
+        yield torch.tensor(batches, device=device)
 
 
 def _forward(spec, schedule, q, k, v):

@@ -74,6 +74,8 @@ from attnformal.merge import SoftmaxState, empty_state, finalize
 from attnformal.schedule import FULL, SKIP, TileSchedule
 from attnformal.spec import AttentionSpec, SpecError
 
+# The protocol features this kernel computes; any other active one is refused.
+SUPPORTS = frozenset({"causal", "window", "kv_lens", "attn_mask", "softcap", "dropout_p", "dropout_mask"})
 DEFAULT_SCHEDULE = TileSchedule(block_m=128, block_n=64)  # the Triton tutorial's forward tile
 MAX_HEAD_DIM = 256  # the largest head dim triton-ascend's attention supports (pads to {16..256})
 MIN_BLOCK = 16  # tl.dot needs every tile dimension >= 16
@@ -462,7 +464,7 @@ def _attn_bwd_dq(
 # Host side: validation, the schedule's tables, the kernels' arguments, launches
 # ----------------------------------------------------------------------------------------
 
-@protocol_entry
+@protocol_entry(SUPPORTS)
 def attention(q, k, v, spec: AttentionSpec, schedule: TileSchedule | None):
     """The implementation protocol, computed by the Triton kernels from ``schedule``.
 
@@ -536,10 +538,11 @@ def _schedule_tables(schedule: TileSchedule, geometry: _IndexGeometry, device):
     """
     spec = geometry.spec
     classes = schedule.class_table(spec).to(torch.int32).contiguous()
-    lens = spec.kv_lens if spec.kv_lens is not None else (spec.len_k,) * spec.batch
-    per_length = {n: _block_ranges(schedule, spec.geometry(b)) for b, n in enumerate(lens)}
-    tables = (classes, _q_block_ranges(classes), torch.stack([per_length[n][0] for n in lens]),
-              torch.stack([per_length[n][1] for n in lens]), torch.tensor(lens, dtype=torch.int32))
+    lens = [spec.geometry(b).len_k for b in range(spec.batch)]
+    per_geometry = {g: _block_ranges(schedule, g) for g in map(spec.geometry, range(spec.batch))}
+    ranges = [per_geometry[spec.geometry(b)] for b in range(spec.batch)]
+    tables = (classes, _q_block_ranges(classes), torch.stack([r[0] for r in ranges]),
+              torch.stack([r[1] for r in ranges]), torch.tensor(lens, dtype=torch.int32))
     return tuple(t.to(device) for t in tables)
 
 

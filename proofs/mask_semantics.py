@@ -20,8 +20,6 @@ window, times no ``kv_lens`` / ``kv_lens``) and all ``i, j``:
 
 from __future__ import annotations
 
-import dataclasses
-
 import z3
 
 from attnformal import masks
@@ -121,7 +119,7 @@ def attn_mask_flag(budget: Budget):
 def _window_top_left_under_top_left(i, g):
     """BROKEN: under top-left causal the window is aligned top-left too (offset 0)."""
     if g.causal == "top_left" and g.window is not None:
-        return _KEY_INTERVAL(i, dataclasses.replace(g, len_q=g.len_k))  # len_q only enters through the offset
+        return _KEY_INTERVAL(i, g.replace(len_q=g.len_k))  # len_q only enters through the offset
     return _KEY_INTERVAL(i, g)
 
 
@@ -144,7 +142,7 @@ def _geometry_without_kv_lens(self, b=None):
 
 
 def _geometry_without_attn_mask(self, b=None):
-    return dataclasses.replace(_GEOMETRY(self, b), has_attn_mask=False)
+    return _GEOMETRY(self, b).replace(has_attn_mask=False)
 
 
 _KEY_INTERVAL = masks.key_interval

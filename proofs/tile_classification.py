@@ -206,15 +206,14 @@ def _key_interval_ending_early(i, g):
 
 def _key_interval_top_left(i, g):
     if g.causal == "bottom_right":
-        g = MaskGeometry(g.len_q, g.len_k, "top_left", g.window, g.has_attn_mask)
+        g = g.replace(causal="top_left")
     return masks.key_interval(i, g)
 
 
 def _tile_class_padded_lengths(bm, bn, g, block_m, block_n):
     from attnformal import ops
 
-    padded = MaskGeometry(ops.cdiv(g.len_q, block_m) * block_m, ops.cdiv(g.len_k, block_n) * block_n,
-                          g.causal, g.window, g.has_attn_mask)
+    padded = g.replace(len_q=ops.cdiv(g.len_q, block_m) * block_m, len_k=ops.cdiv(g.len_k, block_n) * block_n)
     return _TILE_CLASS(bm, bn, padded, block_m, block_n)
 
 

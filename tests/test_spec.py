@@ -81,9 +81,8 @@ def test_sinks_alibi_and_bias_are_described():
     spec = AttentionSpec.from_inputs(q, k, v, sinks=sinks, alibi_slopes=slopes, bias=bias)
     assert spec.sinks is sinks and spec.bias is bias  # the caller's tensors: their gradients reach the caller
     assert spec.alibi_slopes.shape == (2, 4) and torch.equal(spec.alibi_slopes[1], slopes)
-    doc = json.loads(json.dumps(spec.to_json(), allow_nan=True))
-    assert doc["sinks"] == [0.5, -math.inf, 1.0, 2.0] and doc["alibi_slopes"][0] == [1.0, 0.5, 0.25, 0.125]
-    assert doc["has_bias"]
+    doc = json.loads(json.dumps(spec.to_json()))
+    assert doc["has_sinks"] and doc["has_alibi_slopes"] and doc["has_bias"]  # data: they travel as arrays
 
 
 def test_allowed_is_per_batch_and_masked():

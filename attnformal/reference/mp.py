@@ -15,7 +15,7 @@ For one query row ``i`` (batch ``b``, head ``h``, KV head ``g``), over its allow
     dQ_i = scale sum_j dS_j k_j ;  dK_j += scale dS_j q_i ;  dV_j += P_j w_j dO_i
     dsink_h += -exp(sink_h - lse) D
 
-``bias_ij`` is ALiBi's (``spec.alibi_bias``, exact on the integer distance) plus ``bias``;
+``bias_ij`` is ALiBi's (``features.alibi.alibi_bias``, exact on the integer distance) plus ``bias``;
 ``exp(sink_h)`` is there only with sinks; ``dbias`` is ``dB`` summed over the dimensions the bias
 was broadcast along. A row with no allowed key has ``out = 0``, ``lse = -inf`` (``sink_h``
 with a sink) and contributes no gradient.
@@ -30,7 +30,8 @@ import numpy as np
 import torch
 
 from attnformal.reference.certified import FIELDS, exact_inputs
-from attnformal.spec import AttentionSpec, alibi_bias
+from attnformal.features.alibi import alibi_bias
+from attnformal.spec import AttentionSpec
 
 DEFAULT_DPS = 40
 PARAMETER_FIELDS = ("dsinks", "dbias")  # gradients of the differentiable keywords, when present

@@ -84,7 +84,7 @@ class Problem:
         """The task grid, in the order every reduction follows: group, then chunk, then part."""
         spec, rows, keys = self.spec, self.tiling.chunk_rows, self.tiling.part_keys
         return [Task(batches, (r0, min(r0 + rows, spec.len_q)), (k0, min(k0 + keys, spec.len_k)))
-                for batches in _groups(spec)
+                for batches in spec.batch_groups()
                 for r0 in range(0, spec.len_q, rows)
                 for k0 in range(0, max(spec.len_k, 1), keys)]
 
@@ -95,14 +95,9 @@ class Problem:
 
 @dataclass(frozen=True)
 class Task:
-    batches: tuple[int, ...]  # batch elements sharing one key length (one mask geometry)
+    batches: tuple[int, ...]  # batch elements sharing one mask geometry
     rows: tuple[int, int]  # query rows [r0, r1)
     keys: tuple[int, int]  # keys [k0, k1)
-
-
-def _groups(spec: AttentionSpec):
-    lens = spec.kv_lens if spec.kv_lens is not None else (spec.len_k,) * spec.batch
-    return [tuple(b for b in range(spec.batch) if lens[b] == n) for n in sorted(set(lens))]
 
 
 @contextmanager

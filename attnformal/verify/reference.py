@@ -102,13 +102,11 @@ def _compute_share(dtype) -> float:
 
 
 def _on_cpu(spec: AttentionSpec) -> AttentionSpec:
-    """The spec with its mask tensors on the CPU, where the references run."""
-    from dataclasses import replace
+    """The spec with its tensor-valued features on the CPU, where the references run."""
+    from attnformal.features import FEATURES
 
-    def cpu(t):
-        return None if t is None else t.cpu()
-
-    return replace(spec, attn_mask=cpu(spec.attn_mask), dropout_mask=cpu(spec.dropout_mask))
+    return spec.replace(**{f.name: getattr(spec, f.name).cpu() for f in FEATURES
+                           if f.tensor and getattr(spec, f.name) is not None})
 
 
 def _oracle_values(spec, q, k, v, grad_out) -> tuple[dict, torch.Tensor]:

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # (name, file, text, replacement, obligation that must fail, how it fails)
 PLANTED = [
     # -- the seven of issue 9
-    ("window aligned top-left under top-left causal", "attnformal/masks.py",
+    ("window aligned top-left under top-left causal", "attnformal/features/window.py",
      "i + g.offset - left", "i + (0 if g.causal == 'top_left' else g.offset) - left", 10, "refuted"),
     ("strict diagonal under top-left causal with a window", "attnformal/masks.py",
      "    return lo, hi\n", "    if g.causal == 'top_left' and g.window is not None:\n"
@@ -41,8 +41,7 @@ PLANTED = [
     ("class_table ignores kv_lens", "attnformal/schedule.py",
      "self.tile_class(bm, bn, spec.geometry(b))", "self.tile_class(bm, bn, spec.geometry())", 12, "refuted"),
     ("spec.geometry ignores kv_lens", "attnformal/spec.py",
-     "len_k = self.len_k if self.kv_lens is None or b is None else _element(self.kv_lens, b)",
-     "len_k = self.len_k", 10, "refuted"),
+     "len_k = f.key_length(f.geometry_value(value, b), len_k)", "len_k = self.len_k", 10, "refuted"),
     ("ops.floordiv on Python ints truncates", "attnformal/ops.py", "        return a // b", "        return int(a / b)",
      13, "refuted"),
     # -- more: merge, finalize, combine, key_interval, tile_class, kv_head_of, ops, launch code
@@ -52,8 +51,8 @@ PLANTED = [
      "state.m + ops.log(l_safe)", "state.m + l_safe", 3, "refuted"),
     ("combine drops the last split", "attnformal/kernels/split_kv.py",
      "functools.reduce(merge, partials)", "functools.reduce(merge, partials[:-1] or partials)", 11, "refuted"),
-    ("bottom-right causal one key too far", "attnformal/masks.py",
-     "hi = ops.minimum(hi, i + g.offset)", "hi = ops.minimum(hi, i + g.offset + 1)", 10, "refuted"),
+    ("bottom-right causal one key too far", "attnformal/features/causal.py",
+     "else i + g.offset)", "else i + g.offset + 1)", 10, "refuted"),
     ("FULL tested on the first row's interval start", "attnformal/schedule.py",
      "lo_last <= c0, hi_first >= c1 - 1", "lo_first <= c0, hi_first >= c1 - 1", 5, "refuted"),
     ("num_q_blocks rounds down", "attnformal/schedule.py",

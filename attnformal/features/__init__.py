@@ -1,0 +1,50 @@
+"""The registry of protocol features, in their fixed order (see :mod:`attnformal.features.base`).
+
+The order matters where features compose: index masks narrow the key interval in this order,
+and a feature's validation sees the values of the features before it. ``FEATURES`` is a list
+so that a test can register a dummy feature for a while (:func:`registered`).
+"""
+
+from __future__ import annotations
+
+from attnformal.features import alibi, attn_mask, bias, causal, dropout, kv_lens, sinks, softcap, window
+from attnformal.features.base import Feature, Problem, refuse_unsupported, registered
+
+FEATURES: list[Feature] = [
+    causal.FEATURE,
+    window.FEATURE,
+    kv_lens.FEATURE,
+    attn_mask.FEATURE,
+    softcap.FEATURE,
+    dropout.DROPOUT_P,
+    dropout.DROPOUT_MASK,
+    alibi.FEATURE,
+    bias.FEATURE,
+    sinks.FEATURE,
+]
+
+
+def feature(name: str) -> Feature:
+    """The registered feature with protocol keyword ``name``."""
+    for f in FEATURES:
+        if f.name == name:
+            return f
+    raise KeyError(f"no feature named {name!r}; registered: {', '.join(names())}")
+
+
+def names() -> tuple[str, ...]:
+    return tuple(f.name for f in FEATURES)
+
+
+def with_role(*roles: str) -> list[Feature]:
+    """The registered features taking part as one of ``roles``, in order."""
+    return [f for f in FEATURES if f.role in roles]
+
+
+def defaults() -> dict:
+    """Every protocol keyword with its default: a call that asks for nothing."""
+    return {f.name: f.default for f in FEATURES}
+
+
+__all__ = ["FEATURES", "Feature", "Problem", "defaults", "feature", "names", "refuse_unsupported", "registered",
+           "with_role"]

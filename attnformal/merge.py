@@ -98,10 +98,9 @@ def empty_state(rows: tuple[int, ...], head_dim_v: int, *, dtype, device=None) -
     )
 
 
-def initial_state(rows: tuple[int, ...], head_dim_v: int, *, dtype, device=None, sinks=None) -> SoftmaxState:
-    """The state a row's fold starts from: the identity, merged with the sink state if any.
+def initial_state(empty: SoftmaxState, sinks=None) -> SoftmaxState:
+    """The state a row's fold starts from: the identity ``empty``, merged with the sink state if any.
 
-    ``sinks``: None, or the sink logit of each row, shaped ``(*rows, 1)``.
+    ``sinks``: None, or the sink logit of each row, shaped like ``empty.m``.
     """
-    state = empty_state(rows, head_dim_v, dtype=dtype, device=device)
-    return state if sinks is None else merge(state, sink_state(sinks))
+    return empty if sinks is None else merge(empty, sink_state(sinks))

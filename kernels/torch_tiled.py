@@ -126,8 +126,9 @@ def _forward(spec, schedule, q, k, v):
             for part, blocks in enumerate(schedule.split_ranges(bm, pb.g)):
                 shape = (len(batches), spec.heads_q, rows.stop - rows.start)
                 # The sink is merged once per row: into the first split-KV part's fold.
-                state = (initial_state(shape, spec.head_dim_v, dtype=dtype, device=q.device, sinks=pb.sinks(rows))
-                         if part == 0 else empty_state(shape, spec.head_dim_v, dtype=dtype, device=q.device))
+                state = empty_state(shape, spec.head_dim_v, dtype=dtype, device=q.device)
+                if part == 0:
+                    state = initial_state(state, pb.sinks(rows))
                 for bn in blocks:
                     cols = pb.cols(bn)
                     tile = block_state(pb.scores(bm, bn), pb.kv(pb.v, cols), pb.dropout_weights(rows, cols))

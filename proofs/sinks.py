@@ -18,7 +18,7 @@ the dense definition above. A sink of ``-inf`` merged on either side gives ``sta
 Axioms ``exp-positive``, ``exp-add``, ``exp-zero``; hypothesis ``E >= exp(M)`` for nonempty ``K``.
 
 **Theorem Sb (SymPy, exact).** The row's result, as the kernels produce it (the fold started
-from ``merge(e, sink_state(sigma))``, then ``finalize``): for nonempty ``K``
+from ``merge.initial_state(e, sigma) = merge(e, sink_state(sigma))``, then ``finalize``): for nonempty ``K``
 ``out = A / (E + exp(sigma))`` and ``lse = log(E + exp(sigma))``, both orders of ``M`` and
 ``sigma``; for empty ``K``, ``out = 0`` and ``lse = sigma`` (not ``-inf``); with ``sigma = -oo``,
 ``(A/E, log E)`` and ``(0, -oo)``: the rules without a sink.
@@ -105,8 +105,9 @@ def minus_inf_sink_is_no_sink(budget: Budget):
 
 
 def kernel_row(key_state: SoftmaxState, sigma):
-    """The kernels' row: the fold starts from ``merge(e, sink_state(sigma))``, takes the keys, finalises."""
-    start = spec.merge(identity_state(), spec.sink_state(sigma))
+    """The kernels' row: the fold starts from ``initial_state(e, sigma)`` (``merge(e, sink_state(sigma))``),
+    takes the keys, finalises."""
+    start = spec.initial_state(identity_state(), sigma)
     return spec.finalize(spec.merge(start, key_state))
 
 

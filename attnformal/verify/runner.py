@@ -210,6 +210,7 @@ class CheckRun:
             return None
         expected = expected or self.expected(case, backward=backward)
         names = ["out"] + (["lse"] if lse else []) + (["dq", "dk", "dv"] if backward else [])
+        names += [n for n in ("dsinks", "dbias") if backward and observed.get(n) is not None]
         naive = naive_for(case, backward=backward) if self.settings.tolerance == "naive" and case.dtype in \
             LOW_PRECISION else None
         comparisons = [judge(self.settings.tolerance, n, observed.get(n), expected, case.dtype, naive=naive)

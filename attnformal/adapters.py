@@ -290,20 +290,26 @@ def xformers(spec, q, k, v, return_lse):
 # ---------------------------------------------------------------- torch_npu (Ascend)
 
 
-@adapter(DENSE_MASKS | {"dropout_p"})  # no softcap; it draws its own dropout mask
+# no softcap and no sinks (no such parameters); it draws its own dropout mask
+@adapter(DENSE_MASKS | {"dropout_p", "alibi_slopes", "bias"})
 def npu_fusion_attention(spec, q, k, v, return_lse):
     """torch_npu.npu_fusion_attention in BNSD layout.
 
     Its ``scale`` defaults to 1 (so the spec's scale is always passed) and its mask is True
     where attention is *forbidden*. Causal and window masks use the sparse mode that
     :func:`attnformal.npu.npu_mask_args` maps them to (proven by the prover); explicit masks and
-    per-batch lengths, or a geometry it does not map, go in whole (sparse mode 1).
+    per-batch lengths, or a geometry it does not map, go in whole (sparse mode 1). ALiBi and the
+    bias go in as ``pse`` with ``pse_type = 0`` (:func:`attnformal.npu.npu_pse`).
     """
+    from attnformal.npu import NPU_PSE_TYPE, npu_pse
+
     torch_npu = _optional("torch_npu")
     sparse_mode, pre_tokens, next_tokens, forbidden = _npu_mask(spec, q.device)
+    pse = npu_pse(spec, q.device, q.dtype)
+    position = {} if pse is None else {"pse": pse, "pse_type": NPU_PSE_TYPE}
     outputs = torch_npu.npu_fusion_attention(q, k, v, spec.heads_q, "BNSD", atten_mask=forbidden, scale=spec.scale,
                                              keep_prob=1.0 - spec.dropout_p, pre_tockens=pre_tokens,
-                                             next_tockens=next_tokens, sparse_mode=sparse_mode)
+                                             next_tockens=next_tokens, sparse_mode=sparse_mode, **position)
     out, softmax_max, softmax_sum = outputs[:3]
     if not return_lse:
         return out

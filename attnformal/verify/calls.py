@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 FIELDS = ("out", "lse", "dq", "dk", "dv", "dsinks", "dbias")
+LAID_OUT = FIELDS[:5]  # the [B, H, S, ...] tensors the diagnosis localises (d sinks, d bias have other shapes)
 FEATURES = ("lse", "backward", "gqa", "causal_top_left", "causal_bottom_right", "window", "kv_lens", "attn_mask",
             "softcap", "alibi_slopes", "bias", "sinks", "dropout", "dropout_replay", "head_dim_v", "empty",
             "noncontiguous", "fp64")

@@ -234,7 +234,10 @@ def _forward(spec, weights, bug, q, k, v):
         pw = p if weights is None else p * weights[..., cols].to(cd)
         acc = (acc if bug == "acc_not_rescaled" else alpha * acc) + pw @ v[:, :, cols]
         m = m_new
-    return _finalize(m, l, acc, bug, q.dtype, allowed.any(-1, keepdim=True), sink)
+    has_terms = allowed.any(-1, keepdim=True)  # a key, or a finite sink, in the denominator
+    if sink is not None:
+        has_terms = has_terms | torch.isfinite(sink)
+    return _finalize(m, l, acc, bug, q.dtype, has_terms, sink)
 
 
 def _sink_logits(spec, dtype, device):

@@ -9,7 +9,11 @@ decisions as small int tables, so the kernels make none of their own:
   each key block meets (dK, dV) are read off the class table, whose non-SKIP tiles are
   contiguous along the query axis (proven, and checked here before launch);
 * masking: ``schedule.class_table(spec)`` says, per tile, FULL (no element-wise mask) or
-  PARTIAL (apply it); SKIP tiles are never visited.
+  PARTIAL (apply it); SKIP tiles are never visited. The element-wise mask is the spec's own
+  key interval: the host evaluates :func:`attnformal.masks.key_interval` once on index tensors
+  into ``ROW_LO, ROW_HI [B, Sq]`` and a PARTIAL tile keeps ``lo(i) <= j <= hi(i)`` (ANDed with
+  the explicit mask). Every index-mask feature (causal, window, kv_lens, chunked, prefix, ...)
+  reaches the kernels through these tables, so the kernels hold no mask rule of their own.
 
 The forward leaves one softmax state ``(m, l, acc)`` per split-KV part; the host merges
 them with :func:`attnformal.kernels.split_kv.combine` and divides with
@@ -19,9 +23,8 @@ recomputed from the saved log-sum-exp, ``D = rowsum(dO * O)``; one kernel walks 
 (dK, dV, summing the query heads of a GQA group in registers, no atomics), one walks
 query blocks (dQ).
 
-Only two pieces of the spec are restated in Triton, because a device language cannot
-call Python: the mask predicate (:func:`_may_attend`, from :mod:`attnformal.masks`) and
-the merge (:func:`_merge`, from :mod:`attnformal.merge`), plus the GQA head map.
+Only the merge (:func:`_merge`, from :mod:`attnformal.merge`) and the GQA head map are
+restated in Triton, because a device language cannot call Python;
 ``tests/kernels/test_triton_flash.py`` checks each against the spec's definition.
 
 Arguments: Triton has no structs, so every kernel takes the same groups, flat and in one
@@ -29,10 +32,9 @@ order: its tensors, then :class:`Geometry`, :class:`IndexMask`, :class:`Scores`,
 :class:`DataMasks`, :class:`ScheduleTables` and the kernel's own loop table, then the
 compile-time :class:`Features` and :class:`Tiles`. :class:`Launch` builds each group once
 from the spec and the schedule and passes every argument by name; the tile helpers take
-what they need in the same order (``seq_q`` before ``seq_k``/``len_k`` everywhere). A new
-index-mask family is a field of :class:`IndexMask` (on that line of each kernel and of
-``_tile_scores``/``_tile_grads``) and a branch of :func:`_may_attend`; a new score
-modification is a field of :class:`Scores` and a step of :func:`_modify_scores`.
+what they need in the same order (``seq_q`` before ``seq_k`` everywhere). A new index-mask
+feature needs no change here (only ``SUPPORTS``); a new score modification is a field of
+:class:`Scores` and a step of :func:`_modify_scores`.
 
 Precision: scores and all states accumulate in float32 (float64 for float64 inputs).
 As in FlashAttention-2, P and dS are rounded to the input dtype before the P@V, dS@K and
@@ -41,9 +43,9 @@ dS^T@Q products, so fp16/bf16 use tensor cores. fp32 products use ``input_precis
 
 Portability (triton-ascend): only core ``tl`` operations, no libdevice or inline asm;
 mask tiles are loaded as int8 (triton-ascend documents some comparisons without uint8); head dims are padded
-to a power of two in {16, ..., 256}; under ``causal`` the schedule must have
-``block_m >= block_n``. Ascend has no fp64. ``make ascend-check`` lowers every kernel
-through triton-ascend's ``ttir`` and ``ttadapter`` stages (Linalg/HIVM) for Ascend 910B;
+to a power of two in {16, ..., 256}; under ``causal`` the schedule must have ``block_m >= block_n``
+(the compile-time ``CAUSAL`` serves that check only). Ascend has no fp64. ``make ascend-check``
+lowers every kernel through triton-ascend's ``ttir`` and ``ttadapter`` stages (Linalg/HIVM) for Ascend 910B;
 nothing was compiled to an NPU binary or run on Ascend hardware (docs/ascend.md).
 
 Interpreter: ``TRITON_INTERPRET=1`` must be set before this module is imported (Triton
@@ -69,7 +71,7 @@ import torch
 
 from attnformal.kernels import protocol_entry
 from attnformal.kernels.split_kv import combine
-from attnformal.masks import CAUSAL_MODES, MaskGeometry
+from attnformal.masks import CAUSAL_MODES, MaskGeometry, key_interval
 from attnformal.merge import SoftmaxState, empty_state, finalize
 from attnformal.schedule import FULL, SKIP, TileSchedule
 from attnformal.spec import AttentionSpec, SpecError
@@ -83,8 +85,6 @@ MIN_BLOCK = 16  # tl.dot needs every tile dimension >= 16
 # Compile-time constants the kernels compare against, taken from the spec's own encodings.
 FULL_TILE: tl.constexpr = tl.constexpr(FULL)
 NOT_CAUSAL: tl.constexpr = tl.constexpr(CAUSAL_MODES.index(None))
-TOP_LEFT: tl.constexpr = tl.constexpr(CAUSAL_MODES.index("top_left"))
-BOTTOM_RIGHT: tl.constexpr = tl.constexpr(CAUSAL_MODES.index("bottom_right"))
 
 
 # ----------------------------------------------------------------------------------------
@@ -92,22 +92,13 @@ BOTTOM_RIGHT: tl.constexpr = tl.constexpr(CAUSAL_MODES.index("bottom_right"))
 # ----------------------------------------------------------------------------------------
 
 @triton.jit
-def _may_attend(i, j, seq_q, len_k, window_left, window_right, CAUSAL: tl.constexpr):
-    """:func:`attnformal.masks.may_attend`: one key interval ``[lo, hi]`` per query row.
-
-    A new index-mask family is one more branch here, fed by one more field of the index-mask group.
-    """
-    offset = len_k - seq_q  # bottom-right alignment: query i lines up with key i + offset
-    lo = tl.zeros_like(i)
-    hi = tl.zeros_like(i) + len_k - 1
-    if CAUSAL == TOP_LEFT:
-        hi = tl.minimum(hi, i)
-    if CAUSAL == BOTTOM_RIGHT:
-        hi = tl.minimum(hi, i + offset)
-    # A negative window bound leaves that side unbounded.
-    lo = tl.where(window_left < 0, lo, tl.maximum(lo, i + offset - window_left))
-    hi = tl.where(window_right < 0, hi, tl.minimum(hi, i + offset + window_right))
-    return (0 <= i) & (i < seq_q) & (lo <= j) & (j <= hi)
+def _row_intervals(ROW_LO, ROW_HI, b, rows, seq_q):
+    """The key interval ``[lo, hi]`` of each query row (the host's :func:`attnformal.masks.key_interval`);
+    a row past the end gets the empty ``[1, 0]``."""
+    inside = rows < seq_q
+    lo = tl.load(ROW_LO + b * seq_q + rows, mask=inside, other=1)
+    hi = tl.load(ROW_HI + b * seq_q + rows, mask=inside, other=0)
+    return lo, hi
 
 
 @triton.jit
@@ -232,17 +223,17 @@ def _modify_scores(s, softcap, HAS_SOFTCAP: tl.constexpr):
 
 @triton.jit
 def _tile_scores(q, k, rows, cols, tile_class,
-                 seq_q, seq_k, len_k, window_left, window_right, scale, softcap, mask_base, mask_si, mask_sj,
-                 CAUSAL: tl.constexpr, HAS_ATTN_MASK: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-                 BF16_VIA_FP32: tl.constexpr):
+                 seq_q, seq_k, row_lo, row_hi, scale, softcap, mask_base, mask_si, mask_sj,
+                 HAS_ATTN_MASK: tl.constexpr, HAS_SOFTCAP: tl.constexpr, BF16_VIA_FP32: tl.constexpr):
     """:func:`attnformal.tile.tile_scores`: ``(s, slope)`` of a tile, masked only if it is not FULL.
 
-    ``s`` is ``scale q k^T`` modified (:func:`_modify_scores`), then -inf where the index rule
-    or the explicit mask forbids; ``slope`` is the modification's derivative (1 without).
+    ``s`` is ``scale q k^T`` modified (:func:`_modify_scores`), then -inf outside each row's key
+    interval ``[row_lo, row_hi]`` or where the explicit mask forbids; ``slope`` is the
+    modification's derivative (1 without).
     """
     s, slope = _modify_scores(_dot(q, tl.trans(k), BF16_VIA_FP32) * scale, softcap, HAS_SOFTCAP)
     if tile_class != FULL_TILE:
-        allowed = _may_attend(rows[:, None], cols[None, :], seq_q, len_k, window_left, window_right, CAUSAL)
+        allowed = (row_lo[:, None] <= cols[None, :]) & (cols[None, :] <= row_hi[:, None])
         if HAS_ATTN_MASK:
             allowed = allowed & _load_flags(mask_base, rows, cols, seq_q, seq_k, mask_si, mask_sj)
         s = tl.where(allowed, s, float("-inf"))
@@ -274,7 +265,7 @@ def _load_query_rows(Q, DO, LSE, DELTA, bh, rows, dims, dims_v, seq_q, head_dim,
 def _attn_fwd(
     Q, K, V, M_PART, L_PART, ACC_PART,  # q, k, v contiguous [B, H, S, D]; partial states [splits, B, Hq, Sq(, Dv)]
     batch, heads_q, group, seq_q, seq_k, head_dim, head_dim_v,  # geometry
-    KV_LENS, window_left, window_right,  # index mask: [B] key lengths, window bounds (-1: unbounded)
+    ROW_LO, ROW_HI,  # index mask: [B, Sq] each row's key interval
     SCALARS,  # scores: (scale, softcap, 1/(1-p))
     ATTN_MASK, mask_sb, mask_sh, mask_si, mask_sj, KEEP, keep_sb, keep_sh, keep_si, keep_sj,  # data masks
     CLASSES, num_q_blocks, num_kv_blocks, KV_SPLITS, num_splits,  # schedule: [B, nM, nN]; [B, nM, splits, 2]
@@ -288,7 +279,6 @@ def _attn_fwd(
     split = tl.program_id(1)
     bh = tl.program_id(2).to(tl.int64)  # 64-bit offsets: B*H*S*D may pass 2**31
     b, h, kv_bh = _heads(bh, heads_q, group)
-    len_k = tl.load(KV_LENS + b)  # this batch's key length: keys past it are padding
     scale, softcap, keep_scale = _load_scalars(SCALARS)
     mask_base = _flags_base(ATTN_MASK, b, h, mask_sb, mask_sh)
     keep_base = _flags_base(KEEP, b, h, keep_sb, keep_sh)
@@ -299,6 +289,7 @@ def _attn_fwd(
     dims = tl.arange(0, BLOCK_D)
     dims_v = tl.arange(0, BLOCK_DV)
     q = _load_rows(Q + bh * seq_q * head_dim, rows, dims, seq_q, head_dim)
+    row_lo, row_hi = _row_intervals(ROW_LO, ROW_HI, b, rows, seq_q)
     k_base = K + kv_bh * seq_k * head_dim
     v_base = V + kv_bh * seq_k * head_dim_v
 
@@ -312,8 +303,8 @@ def _attn_fwd(
         v = _load_rows(v_base, cols, dims_v, seq_k, head_dim_v)
         # -- scores; the element-wise mask only where the schedule says PARTIAL
         s, _ = _tile_scores(q, k, rows, cols, tl.load(class_row + bn),
-                            seq_q, seq_k, len_k, window_left, window_right, scale, softcap,
-                            mask_base, mask_si, mask_sj, CAUSAL, HAS_ATTN_MASK, HAS_SOFTCAP, BF16_VIA_FP32)
+                            seq_q, seq_k, row_lo, row_hi, scale, softcap,
+                            mask_base, mask_si, mask_sj, HAS_ATTN_MASK, HAS_SOFTCAP, BF16_VIA_FP32)
         # -- the tile's own state (attnformal.merge.block_state); dropout after the denominator
         m_ij = tl.max(s, 1)
         p = tl.exp(s - _finite_shift(m_ij)[:, None])
@@ -338,14 +329,14 @@ def _attn_fwd(
 
 @triton.jit
 def _tile_grads(q, k, v, do, lse, delta, rows, cols, tile_class,
-                seq_q, seq_k, len_k, window_left, window_right, scale, softcap, keep_scale,
+                seq_q, seq_k, row_lo, row_hi, scale, softcap, keep_scale,
                 mask_base, mask_si, mask_sj, keep_base, keep_si, keep_sj,
-                CAUSAL: tl.constexpr, HAS_ATTN_MASK: tl.constexpr, HAS_KEEP: tl.constexpr,
+                HAS_ATTN_MASK: tl.constexpr, HAS_KEEP: tl.constexpr,
                 HAS_SOFTCAP: tl.constexpr, BF16_VIA_FP32: tl.constexpr):
     """``(P * weights, dS / scale)`` of one tile, as :func:`attnformal.tile.tile_grads` forms them."""
     s, slope = _tile_scores(q, k, rows, cols, tile_class,
-                            seq_q, seq_k, len_k, window_left, window_right, scale, softcap,
-                            mask_base, mask_si, mask_sj, CAUSAL, HAS_ATTN_MASK, HAS_SOFTCAP, BF16_VIA_FP32)
+                            seq_q, seq_k, row_lo, row_hi, scale, softcap,
+                            mask_base, mask_si, mask_sj, HAS_ATTN_MASK, HAS_SOFTCAP, BF16_VIA_FP32)
     p = tl.exp(s - _finite_shift(lse)[:, None])  # 0 on masked keys and on empty rows
     dp = _dot(do, tl.trans(v), BF16_VIA_FP32)
     p_kept = p
@@ -361,7 +352,7 @@ def _tile_grads(q, k, v, do, lse, delta, rows, cols, tile_class,
 def _attn_bwd_dkdv(
     Q, K, V, DO, LSE, DELTA, DK, DV,  # contiguous [B, H, S, D]; LSE, DELTA [B, Hq, Sq]
     batch, heads_q, group, seq_q, seq_k, head_dim, head_dim_v,  # geometry
-    KV_LENS, window_left, window_right,  # index mask
+    ROW_LO, ROW_HI,  # index mask
     SCALARS,  # scores
     ATTN_MASK, mask_sb, mask_sh, mask_si, mask_sj, KEEP, keep_sb, keep_sh, keep_si, keep_sj,  # data masks
     CLASSES, num_q_blocks, num_kv_blocks, Q_RANGES,  # schedule: [B, nM, nN]; [B, nN, 2]
@@ -376,7 +367,6 @@ def _attn_bwd_dkdv(
     heads_kv = heads_q // group
     b = bhk // heads_kv
     kv_head = bhk % heads_kv
-    len_k = tl.load(KV_LENS + b)
     scale, softcap, keep_scale = _load_scalars(SCALARS)
     q_range = Q_RANGES + (b * num_kv_blocks + bn) * 2
 
@@ -398,11 +388,12 @@ def _attn_bwd_dkdv(
             rows = bm * BLOCK_M + tl.arange(0, BLOCK_M)
             q, do, lse, delta = _load_query_rows(Q, DO, LSE, DELTA, bh, rows, dims, dims_v, seq_q, head_dim,
                                                  head_dim_v)
+            row_lo, row_hi = _row_intervals(ROW_LO, ROW_HI, b, rows, seq_q)
             tile_class = tl.load(CLASSES + (b * num_q_blocks + bm) * num_kv_blocks + bn)
             p_kept, ds = _tile_grads(q, k, v, do, lse, delta, rows, cols, tile_class,
-                                     seq_q, seq_k, len_k, window_left, window_right, scale, softcap, keep_scale,
+                                     seq_q, seq_k, row_lo, row_hi, scale, softcap, keep_scale,
                                      mask_base, mask_si, mask_sj, keep_base, keep_si, keep_sj,
-                                     CAUSAL, HAS_ATTN_MASK, HAS_KEEP, HAS_SOFTCAP, BF16_VIA_FP32)
+                                     HAS_ATTN_MASK, HAS_KEEP, HAS_SOFTCAP, BF16_VIA_FP32)
             dv += _dot(tl.trans(p_kept.to(do.dtype)), do, BF16_VIA_FP32)
             dk += _dot(tl.trans(ds.to(q.dtype)), q, BF16_VIA_FP32)
 
@@ -418,7 +409,7 @@ def _attn_bwd_dkdv(
 def _attn_bwd_dq(
     Q, K, V, DO, LSE, DELTA, DQ,  # contiguous [B, H, S, D]; LSE, DELTA [B, Hq, Sq]
     batch, heads_q, group, seq_q, seq_k, head_dim, head_dim_v,  # geometry
-    KV_LENS, window_left, window_right,  # index mask
+    ROW_LO, ROW_HI,  # index mask
     SCALARS,  # scores
     ATTN_MASK, mask_sb, mask_sh, mask_si, mask_sj, KEEP, keep_sb, keep_sh, keep_si, keep_sj,  # data masks
     CLASSES, num_q_blocks, num_kv_blocks, KV_RANGES,  # schedule: [B, nM, nN]; [B, nM, 2]
@@ -431,7 +422,6 @@ def _attn_bwd_dq(
     bm = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b, h, kv_bh = _heads(bh, heads_q, group)
-    len_k = tl.load(KV_LENS + b)
     scale, softcap, keep_scale = _load_scalars(SCALARS)
     mask_base = _flags_base(ATTN_MASK, b, h, mask_sb, mask_sh)
     keep_base = _flags_base(KEEP, b, h, keep_sb, keep_sh)
@@ -442,6 +432,7 @@ def _attn_bwd_dq(
     dims = tl.arange(0, BLOCK_D)
     dims_v = tl.arange(0, BLOCK_DV)
     q, do, lse, delta = _load_query_rows(Q, DO, LSE, DELTA, bh, rows, dims, dims_v, seq_q, head_dim, head_dim_v)
+    row_lo, row_hi = _row_intervals(ROW_LO, ROW_HI, b, rows, seq_q)
     k_base = K + kv_bh * seq_k * head_dim
     v_base = V + kv_bh * seq_k * head_dim_v
 
@@ -451,9 +442,9 @@ def _attn_bwd_dq(
         k = _load_rows(k_base, cols, dims, seq_k, head_dim)
         v = _load_rows(v_base, cols, dims_v, seq_k, head_dim_v)
         _, ds = _tile_grads(q, k, v, do, lse, delta, rows, cols, tl.load(class_row + bn),
-                            seq_q, seq_k, len_k, window_left, window_right, scale, softcap, keep_scale,
+                            seq_q, seq_k, row_lo, row_hi, scale, softcap, keep_scale,
                             mask_base, mask_si, mask_sj, keep_base, keep_si, keep_sj,
-                            CAUSAL, HAS_ATTN_MASK, HAS_KEEP, HAS_SOFTCAP, BF16_VIA_FP32)
+                            HAS_ATTN_MASK, HAS_KEEP, HAS_SOFTCAP, BF16_VIA_FP32)
         dq += _dot(ds.to(k.dtype), k, BF16_VIA_FP32)
 
     tl.store(DQ + (bh * seq_q + rows)[:, None] * head_dim + dims[None, :], (dq * scale).to(DQ.dtype.element_ty),
@@ -511,16 +502,13 @@ def _state_dtype(dtype):
 
 
 class _IndexGeometry:
-    """A spec as a cache key: equal when everything the schedule's tables read is equal.
-
-    ``AttentionSpec`` equality ignores ``attn_mask``, but its presence decides FULL tiles,
-    so it is part of this key.
-    """
+    """A spec as a cache key: equal when everything the schedule's tables read is equal, namely
+    the lengths and every batch element's :class:`~attnformal.masks.MaskGeometry` (each mask
+    feature's value for it, and whether mask data is given: that decides FULL tiles)."""
 
     def __init__(self, spec: AttentionSpec):
         self.spec = spec
-        self.key = (spec.batch, spec.len_q, spec.len_k, spec.causal, spec.window, spec.kv_lens,
-                    spec.attn_mask is not None)
+        self.key = (spec.batch, spec.len_q, spec.len_k, tuple(spec.geometry(b) for b in range(spec.batch)))
 
     def __eq__(self, other):
         return self.key == other.key
@@ -534,16 +522,30 @@ def _schedule_tables(schedule: TileSchedule, geometry: _IndexGeometry, device):
     """The schedule, evaluated once per geometry (in Python, query block by query block).
 
     ``classes [B, nM, nN]``, ``q_ranges [B, nN, 2]`` (dK/dV loops), ``kv_ranges [B, nM, 2]``
-    (dQ loops), ``kv_splits [B, nM, splits, 2]`` (forward loops) and ``kv_lens [B]``.
+    (dQ loops), ``kv_splits [B, nM, splits, 2]`` (forward loops) and the row intervals
+    ``row_lo, row_hi [B, Sq]`` (:func:`_row_interval_tables`).
     """
     spec = geometry.spec
     classes = schedule.class_table(spec).to(torch.int32).contiguous()
-    lens = [spec.geometry(b).len_k for b in range(spec.batch)]
     per_geometry = {g: _block_ranges(schedule, g) for g in map(spec.geometry, range(spec.batch))}
     ranges = [per_geometry[spec.geometry(b)] for b in range(spec.batch)]
     tables = (classes, _q_block_ranges(classes), torch.stack([r[0] for r in ranges]),
-              torch.stack([r[1] for r in ranges]), torch.tensor(lens, dtype=torch.int32))
+              torch.stack([r[1] for r in ranges]), *_row_interval_tables(spec))
     return tuple(t.to(device) for t in tables)
+
+
+def _row_interval_tables(spec: AttentionSpec):
+    """``(row_lo, row_hi)``, int32 ``[B, Sq]``: each row's key interval, the spec's :func:`key_interval`
+    evaluated once on index tensors (every batch element and row at once).
+
+    Intersected with the keys that exist (``lo`` in ``[0, Sk]``, ``hi`` in ``[-1, Sk - 1]``), which
+    keeps the allowed keys ``0 <= j < Sk`` of every row and every bound inside int32.
+    """
+    b = torch.arange(spec.batch)[:, None]
+    i = torch.arange(spec.len_q)[None, :]
+    lo, hi = (torch.as_tensor(end).expand(spec.batch, spec.len_q) for end in key_interval(i, spec.geometry(b)))
+    return (lo.clamp(0, spec.len_k).to(torch.int32).contiguous(),
+            hi.clamp(-1, spec.len_k - 1).to(torch.int32).contiguous())
 
 
 def _block_ranges(schedule: TileSchedule, g: MaskGeometry):
@@ -585,11 +587,10 @@ class Geometry(NamedTuple):
 
 
 class IndexMask(NamedTuple):
-    """The index rule's runtime part; its mode (``CAUSAL``) is a compile-time feature."""
+    """The index mask: each row's key interval, from the spec's ``key_interval`` (every index feature)."""
 
-    KV_LENS: Any  # [B] int32: each batch's key length
-    window_left: int  # -1: unbounded
-    window_right: int
+    ROW_LO: Any  # [B, Sq] int32
+    ROW_HI: Any
 
 
 class Scores(NamedTuple):
@@ -620,7 +621,7 @@ class ScheduleTables(NamedTuple):
 
 
 class Features(NamedTuple):
-    CAUSAL: int  # an index into attnformal.masks.CAUSAL_MODES
+    CAUSAL: int  # an index into attnformal.masks.CAUSAL_MODES: only for triton-ascend's tile check
     HAS_ATTN_MASK: bool
     HAS_KEEP: bool
     HAS_SOFTCAP: bool
@@ -658,14 +659,14 @@ class Launch:
         device = q.device
         self.spec, self.schedule = spec, schedule
         self.state_dtype = _state_dtype(q.dtype)
-        classes, self.q_ranges, self.kv_ranges, self.kv_splits, kv_lens = _schedule_tables(
+        classes, self.q_ranges, self.kv_ranges, self.kv_splits, row_lo, row_hi = _schedule_tables(
             schedule, _IndexGeometry(spec), device)
         self.num_q_blocks, self.num_kv_blocks = classes.shape[1:]
         scalars = torch.tensor([spec.scale, spec.softcap or 1.0, 1.0 / (1.0 - spec.dropout_p)],
                                dtype=self.state_dtype, device=device)
         self.groups = (
             Geometry(spec.batch, spec.heads_q, spec.group, spec.len_q, spec.len_k, spec.head_dim, spec.head_dim_v),
-            IndexMask(kv_lens, *_window_args(spec.window, spec.len_q + spec.len_k)),
+            IndexMask(row_lo, row_hi),
             Scores(scalars),
             DataMasks(*_flags_args(spec.attn_mask, device), *_flags_args(spec.dropout_mask, device)),
             ScheduleTables(classes, self.num_q_blocks, self.num_kv_blocks),
@@ -732,17 +733,6 @@ def _num_warps(rows):
     """8 warps for tiles of 128+ rows, else 4 (Triton's default): a 128 x 128 fp32 accumulator
     is 128 registers per thread at 4 warps, before the operands."""
     return 8 if rows >= 128 else 4
-
-
-def _window_args(window, reach):
-    """The window as the kernels take it: -1 for an unbounded side, other bounds at most ``reach``.
-
-    With ``reach = Sq + Sk`` a larger bound excludes no key either, so clamping keeps
-    ``i + offset + right`` inside int32 without changing the mask.
-    """
-    if window is None:
-        return -1, -1
-    return tuple(-1 if bound < 0 else min(bound, reach) for bound in window)
 
 
 def _flags_args(mask, device):

@@ -18,7 +18,8 @@ import itertools
 
 import z3
 
-from attnformal import masks, ops
+from attnformal import ops
+from attnformal.features import FEATURES, with_role
 from attnformal.logic import Axiom, Budget, Proof, Query, TermIndex, check_z3
 from attnformal.masks import MaskGeometry
 from attnformal.schedule import TileSchedule
@@ -29,34 +30,55 @@ BLOCK_SIZES = ("block_m, block_n >= 1", z3.And(BLOCK_M >= 1, BLOCK_N >= 1))
 ATTN_MASK = "attn_mask data"  # stands for a given explicit mask: the index rules only ask whether there is one
 
 
-def symbolic_spec(causal, window: bool, kv_lens: bool, attn_mask: bool) -> AttentionSpec:
-    """Lengths ``Sq, Sk``, window ``(L, R)`` and ``kv_lens`` (an array over batch indices) symbolic."""
-    len_q, len_k, left, right = z3.Ints("Sq Sk L R")
+def symbolic_spec(values: dict, attn_mask: bool) -> AttentionSpec:
+    """Lengths ``Sq, Sk`` symbolic, and the given feature values (Z3 symbols; per-batch ones are
+    arrays over batch indices, so ``spec.geometry(b)`` covers every batch element ``b`` at once)."""
+    len_q, len_k = z3.Ints("Sq Sk")
     return AttentionSpec(batch=z3.Int("B"), heads_q=1, heads_kv=1, len_q=len_q, len_k=len_k, head_dim=1,
-                         head_dim_v=1, scale=1.0, causal=causal, window=(left, right) if window else None,
-                         kv_lens=z3.Array("kv_lens", z3.IntSort(), z3.IntSort()) if kv_lens else None,
-                         attn_mask=ATTN_MASK if attn_mask else None)
+                         head_dim_v=1, scale=1.0, **values, attn_mask=ATTN_MASK if attn_mask else None)
 
 
 def spec_families():
-    """``(label, flags)`` of every index-mask combination a spec can ask for (``attn_mask`` aside)."""
-    for causal, window, kv_lens in itertools.product(masks.CAUSAL_MODES, (False, True), (False, True)):
-        label = ", ".join([f"causal={causal}", "window=(L, R)" if window else "no window",
-                           "kv_lens" if kv_lens else "no kv_lens"])
-        yield label, dict(causal=causal, window=window, kv_lens=kv_lens)
+    """``(label, values)`` of every index-mask combination a spec can ask for (``attn_mask`` aside): every
+    mask feature's :meth:`~attnformal.features.Feature.prover_values`, all combinations the features
+    accept together (:meth:`~attnformal.features.Feature.conflict`)."""
+    index_features = with_role("interval", "length")
+    for choice in itertools.product(*(f.prover_values() for f in index_features)):
+        values = {f.name: value for f, (_, value) in zip(index_features, choice)}
+        if any(f.active(values[f.name]) and f.conflict(values) for f in index_features):
+            continue
+        yield ", ".join(label for label, _ in choice), values
 
 
 def geometries():
-    """``(label, MaskGeometry)`` for every mask family and combination (lengths symbolic).
+    """``(label, MaskGeometry)`` for every mask family and combination (lengths symbolic), with and
+    without an explicit mask: ``spec.geometry(b)`` of each :func:`spec_families` spec for a symbolic ``b``.
 
-    ``len_k`` is a batch element's effective key length (``kv_lens[b]``, or ``Sk``), so padding
-    keys are the keys ``j >= len_k``; obligation 10 shows ``spec.geometry(b)`` builds exactly this.
+    ``len_k`` is replaced by a free symbol, the batch element's effective key length
+    (``kv_lens[b]``, or ``Sk``), so padding keys are the keys ``j >= len_k``; obligation 10 shows
+    ``spec.geometry(b)`` builds exactly this. Families differing only in per-batch lengths coincide.
     """
-    len_q, len_k, left, right = z3.Ints("len_q len_k L R")
-    for causal, window, has_mask in itertools.product(masks.CAUSAL_MODES, (None, (left, right)), (False, True)):
-        label = ", ".join([f"causal={causal}", "window=(L, R)" if window else "no window",
-                           "attn_mask" if has_mask else "no attn_mask"])
-        yield label, MaskGeometry(len_q, len_k, causal, window, has_mask)
+    len_q, len_k = z3.Ints("len_q len_k")
+    seen = set()
+    for (label, values), has_mask in itertools.product(spec_families(), (False, True)):
+        g = symbolic_spec(values, has_mask).geometry(z3.Int("b"))
+        labels = [part for part in label.split(", ") if "kv_lens" not in part]
+        label = ", ".join([*labels, "attn_mask" if has_mask else "no attn_mask"])
+        if label not in seen:
+            seen.add(label)
+            yield label, g.replace(len_q=len_q, len_k=len_k)
+
+
+def shown_values(values: dict) -> dict:
+    """A counterexample's symbolic feature values beyond causal and window (shown as ``L, R``)."""
+    return {f.name: values[f.name] for f in with_role("interval") if f.name not in ("causal", "window")
+            and f.active(values.get(f.name))}
+
+
+def domain(g: MaskGeometry):
+    """The hypotheses on a geometry's symbolic feature values: what validation allows (``C >= 1``, ...)."""
+    return tuple(hypothesis for f in FEATURES if f.active(g.values.get(f.name))
+                 for hypothesis in f.domain(g.values[f.name]))
 
 
 def symbolic_schedule(num_splits: int = 1) -> TileSchedule:

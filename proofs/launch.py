@@ -1,4 +1,4 @@
-"""Obligation 12 -- what the host hands the kernels: class tables, loop-bound tables, window bounds.
+"""Obligation 12 -- what the host hands the kernels: class tables, loop-bound tables, row intervals.
 
 The schedule's methods are proven for all lengths (obligations 5, 11), but the tables built
 from them are torch code and the Triton host helpers are plain Python: they are **checked
@@ -14,28 +14,20 @@ are built only for ``Sq >= 1`` (the kernel returns before building them when the
 * (b) The Triton kernel's ``_schedule_tables`` (when triton is installed): its class table is
   (a)'s; its ``kv_ranges`` and ``kv_splits`` rows are ``kv_range`` and ``split_ranges`` of each
   batch element's geometry; its ``q_ranges`` row of key block ``bn`` is the interval of query
-  blocks whose tile with ``bn`` is not SKIP (contiguous by obligation 5 (g)); its ``kv_lens``
-  are the spec's.
-* (c) Window bounds (Z3, all lengths): a bound of ``Sq + n`` or more excludes no key (``n`` the
-  batch element's key length), so for window bounds ``L, R`` and ``L', R'`` that are each equal,
-  both negative, or both ``>= Sq + n``, ``may_attend`` is the same under both windows; the kernel
-  clamps at ``Sq + Sk >= Sq + n``.
-* (d) The Triton kernel's ``_window_args(window, Sq + Sk)`` maps every bound to one equivalent in
-  the sense of (c) (checked for bounds ``-3..40`` and ``Sq + Sk`` up to 20), so the kernel's
-  clamped window is the spec's window.
+  blocks whose tile with ``bn`` is not SKIP (contiguous by obligation 5 (g)).
+* (c) The Triton kernel's row intervals ``row_lo, row_hi [B, Sq]`` (the element-wise mask of a
+  PARTIAL tile is ``row_lo[b, i] <= j <= row_hi[b, i]``) keep exactly the keys ``0 <= j < Sk``
+  that ``may_attend(i, j, spec.geometry(b))`` allows, for every ``b`` and ``i < Sq``, also with
+  window bounds far beyond the lengths (``2**40``: the tables are clamped into int32).
 """
 
 from __future__ import annotations
 
 import itertools
-import sys
 
-import z3
-
-from attnformal import masks, ops, schedule
-from attnformal.logic import Budget, Control, Query, Settings, check_exhaustively, check_z3
+from attnformal import masks, schedule
+from attnformal.logic import Budget, Control, Settings, check_exhaustively
 from attnformal.proofs.tile_classification import overriding
-from attnformal.masks import MaskGeometry
 from attnformal.schedule import SKIP, TileSchedule
 from attnformal.spec import AttentionSpec
 
@@ -44,6 +36,7 @@ TITLE = "Kernel launch tables (bounded domain)"
 PROVES_SCHEDULES = True  # a named schedule of another class has its own class_table checked here
 MAX_LENGTH = 4
 WINDOWS = (None, (1, 0), (-1, 2))
+HUGE = 2**40  # window bounds past int32: the row tables must still be the spec's intervals
 SCHEDULES = (TileSchedule(2, 3, 1), TileSchedule(3, 2, 2))
 DOMAIN = (f"all Sq, Sk <= {MAX_LENGTH}, kv_lens 0..Sk, causal x windows {WINDOWS[1:]} x attn_mask, "
           "block sizes 2x3, 3x2, num_splits 1, 2")
@@ -56,18 +49,16 @@ def checks(settings: Settings, budget: Budget):
     triton_flash = _triton_host()
     tables = class_tables(schedules, budget)
     if triton_flash is None:
-        tables = tables.but(detail=tables.detail + "; the Triton host tables and _window_args were NOT checked: "
+        tables = tables.but(detail=tables.detail + "; the Triton host tables and row intervals were NOT checked: "
                                                    "triton is not installed")
     yield tables
     if triton_flash is not None:
         yield triton_tables(triton_flash, schedules, budget)
-    yield large_windows_exclude_nothing(budget)
-    if triton_flash is not None:
-        yield window_args(triton_flash, budget)
+        yield row_intervals(triton_flash, budget)
 
 
 def _triton_host():
-    """The Triton kernel module, or None when triton is not installed (then (b) and (d) are not run)."""
+    """The Triton kernel module, or None when triton is not installed (then (b) and (c) are not run)."""
     try:
         from attnformal.kernels import triton_flash
     except ImportError:
@@ -121,24 +112,22 @@ def triton_tables(triton_flash, schedules, budget: Budget):
     def cases():
         for label, spec in specs(min_len_q=1):
             for sched in schedules:
-                classes, q_ranges, kv_ranges, kv_splits, kv_lens = (t.tolist() for t in triton_flash._schedule_tables(
-                    sched, triton_flash._IndexGeometry(spec), "cpu"))
+                classes, q_ranges, kv_ranges, kv_splits = (t.tolist() for t in triton_flash._schedule_tables(
+                    sched, triton_flash._IndexGeometry(spec), "cpu")[:4])
                 expected = expected_classes(sched, spec)
-                got = {"classes": classes, "q_ranges": q_ranges, "kv_ranges": kv_ranges, "kv_splits": kv_splits,
-                       "kv_lens": kv_lens}
+                got = {"classes": classes, "q_ranges": q_ranges, "kv_ranges": kv_ranges, "kv_splits": kv_splits}
                 want = {"classes": expected, "q_ranges": [_query_intervals(c) for c in expected],
                         "kv_ranges": [[_bounds(r) for r in _per_block(sched.kv_range, sched, spec, b)]
                                       for b in range(spec.batch)],
                         "kv_splits": [[[_bounds(r) for r in parts] for parts in
-                                       _per_block(sched.split_ranges, sched, spec, b)] for b in range(spec.batch)],
-                        "kv_lens": list(spec.kv_lens)}
+                                       _per_block(sched.split_ranges, sched, spec, b)] for b in range(spec.batch)]}
                 wrong = [name for name in got if got[name] != want[name]]
                 yield (f"{label}; {sched}", not wrong,
                        {"table": ", ".join(wrong), **{f"{n} (host)": got[n] for n in wrong},
                         **{f"{n} (schedule)": want[n] for n in wrong}})
 
     return check_exhaustively("(b) the Triton host tables are the schedule's: classes, q_ranges, kv_ranges, "
-                              "kv_splits, kv_lens", cases(), domain=TRITON_DOMAIN, budget=budget)
+                              "kv_splits", cases(), domain=TRITON_DOMAIN, budget=budget)
 
 
 def _per_block(method, sched, spec, b):
@@ -159,42 +148,28 @@ def _query_intervals(classes):
     return out
 
 
-def equivalent_bounds(bound, other, reach):
-    """Window bounds that mean the same for every length with ``Sq + Sk = reach`` (theorem (c))."""
-    return ops.or_(bound == other, ops.and_(bound < 0, other < 0), ops.and_(bound >= reach, other >= reach))
-
-
-def large_windows_exclude_nothing(budget: Budget):
-    len_q, len_k, left, right, left2, right2, i, j = z3.Ints("Sq Sk L R L2 R2 i j")
-    reach = len_q + len_k
-    hypotheses = (("Sq, Sk >= 0", z3.And(len_q >= 0, len_k >= 0)),
-                  ("L ~ L2, R ~ R2: equal, both negative, or both >= Sq + Sk",
-                   z3.And(equivalent_bounds(left, left2, reach), equivalent_bounds(right, right2, reach))))
-
-    def queries():
-        for causal in masks.CAUSAL_MODES:
-            first = masks.may_attend(i, j, MaskGeometry(len_q, len_k, causal, (left, right)))
-            second = masks.may_attend(i, j, MaskGeometry(len_q, len_k, causal, (left2, right2)))
-            yield Query(first == second, hypotheses, {"Sq": len_q, "Sk": len_k, "L": left, "R": right, "L2": left2,
-                                                      "R2": right2, "i": i, "j": j}, case=f"causal={causal}")
-
-    return check_z3("(c) window bounds beyond Sq + Sk exclude no key: equivalent bounds give the same mask",
-                    queries(), budget=budget)
-
-
-def window_args(triton_flash, budget: Budget):
+def row_intervals(triton_flash, budget: Budget):
     def cases():
-        for reach in range(MAX_REACH + 1):
-            for left, right in itertools.product(range(-3, MAX_BOUND + 1), (-1, 0, MAX_BOUND)):
-                for window in ((left, right), (right, left)):
-                    passed = triton_flash._window_args(window, reach)
-                    same = all(equivalent_bounds(a, b, reach) for a, b in zip(window, passed))
-                    yield f"window={window}, Sq + Sk = {reach}", same, {"window": window, "passed": passed}
-        passed = triton_flash._window_args(None, 0)
-        yield "no window", passed == (-1, -1), {"passed": passed}
+        for label, spec in (*specs(min_len_q=1), *huge_window_specs()):
+            lo, hi = (t.tolist() for t in triton_flash._row_interval_tables(spec))
+            wrong = [(b, i, j) for b in range(spec.batch) for i in range(spec.len_q) for j in range(spec.len_k)
+                     if (lo[b][i] <= j <= hi[b][i]) != bool(masks.may_attend(i, j, spec.geometry(b)))]
+            yield label, not wrong, {"(b, i, j) differing": wrong[:4], "row_lo": lo, "row_hi": hi}
 
-    return check_exhaustively("(d) _window_args(window, Sq + Sk) passes bounds equivalent to the window's",
-                              cases(), domain=f"bounds -3..{MAX_BOUND}, Sq + Sk <= {MAX_REACH}", budget=budget)
+    return check_exhaustively("(c) the Triton row intervals keep exactly the keys may_attend(i, j, spec.geometry(b)) "
+                              "allows", cases(), domain=f"{TRITON_DOMAIN}; windows with bounds {HUGE}",
+                              budget=budget)
+
+
+def huge_window_specs():
+    """Specs whose window bounds pass int32 (the tables clamp them; the mask must not change)."""
+    import torch
+
+    for len_q, len_k in itertools.product(range(1, MAX_LENGTH + 1), range(MAX_LENGTH + 1)):
+        q, k = torch.zeros(1, 1, len_q, 1), torch.zeros(1, 1, len_k, 1)
+        for window in ((HUGE, 0), (0, HUGE), (HUGE, HUGE), (-HUGE, HUGE)):
+            yield (f"Sq={len_q}, Sk={len_k}, window={window}",
+                   AttentionSpec.from_inputs(q, k, k, causal="bottom_right", window=window))
 
 
 # ---- negative controls
@@ -206,15 +181,21 @@ def _class_table_ignoring_kv_lens(self, spec, device=None):
     return table[:1].expand_as(table) if spec.kv_lens is not None and len(table) else table
 
 
+def _tables_one_key_short(spec):
+    """BROKEN: the last key of every row's interval is dropped."""
+    lo, hi = _ROW_TABLES(spec)
+    return lo, hi - 1
+
+
 _CLASS_TABLE = TileSchedule.class_table
-_EQUIVALENT_BOUNDS = equivalent_bounds
+_ROW_TABLES = getattr(_triton_host(), "_row_interval_tables", None)
 
 
 CONTROLS = (
     Control("class_table ignores kv_lens", "class_table gives every batch element batch 0's classes",
             TileSchedule, "class_table", _class_table_ignoring_kv_lens, lambda budget: class_tables(SCHEDULES, budget)),
-    Control("window clamped to half the lengths", "bounds of (Sq + Sk) // 2 - 1 or more counted as unbounded",
-            sys.modules[__name__], "equivalent_bounds",
-            lambda bound, other, reach: _EQUIVALENT_BOUNDS(bound, other, ops.floordiv(reach, 2) - 1),
-            large_windows_exclude_nothing),
+    *(() if _ROW_TABLES is None else (
+        Control("row intervals one key short", "the Triton row tables drop each row's last key",
+                _triton_host(), "_row_interval_tables", _tables_one_key_short,
+                lambda budget: row_intervals(_triton_host(), budget)),)),
 )

@@ -25,7 +25,7 @@ import z3
 from attnformal import masks
 from attnformal.logic import Budget, Control, Query, Settings, check_z3
 from attnformal.proofs import mask_meaning
-from attnformal.proofs.integers import spec_families, symbolic_spec
+from attnformal.proofs.integers import domain, shown_values, spec_families, symbolic_spec
 from attnformal.spec import AttentionSpec
 
 TITLE = "Mask semantics (the spec's text)"
@@ -46,15 +46,16 @@ class Row:
         self.kv_len = spec.len_k if spec.kv_lens is None else spec.kv_lens[self.b]
 
     def meaning(self, i, j):
-        return mask_meaning.allowed(i, j, len_q=self.spec.len_q, len_k=self.spec.len_k, kv_len=self.kv_len,
-                                    causal=self.spec.causal, window=self.spec.window)
+        s = self.spec
+        return mask_meaning.allowed(i, j, len_q=s.len_q, len_k=s.len_k, kv_len=self.kv_len, causal=s.causal,
+                                    window=s.window)
 
     def hypotheses(self):
         s = self.spec
         out = [("Sq, Sk >= 0", z3.And(s.len_q >= 0, s.len_k >= 0))]
         if s.kv_lens is not None:
             out.append(("0 <= kv_lens[b] <= Sk", z3.And(0 <= self.kv_len, self.kv_len <= s.len_k)))
-        return tuple(out)
+        return (*out, *domain(self.g))
 
     def show(self, **terms):
         s = self.spec
@@ -63,7 +64,7 @@ class Row:
             shown["kv_lens[b]"] = self.kv_len
         if s.window is not None:
             shown.update(L=s.window[0], R=s.window[1])
-        return shown
+        return {**shown, **shown_values(self.g.values)}
 
 
 def equals_meaning(row: Row):
@@ -95,8 +96,8 @@ PROPERTIES = (
 
 def check_property(claim, prop, budget: Budget):
     def queries():
-        for label, flags in spec_families():
-            row = Row(symbolic_spec(**flags, attn_mask=False))
+        for label, values in spec_families():
+            row = Row(symbolic_spec(values, attn_mask=False))
             formula, show = prop(row)
             yield Query(formula, row.hypotheses(), show, case=label)
 
@@ -106,7 +107,8 @@ def check_property(claim, prop, budget: Budget):
 def attn_mask_flag(budget: Budget):
     def queries():
         for given in (False, True):
-            flag = Row(symbolic_spec(None, False, True, attn_mask=given)).g.has_attn_mask
+            kv_lens = z3.Array("kv_lens", z3.IntSort(), z3.IntSort())
+            flag = Row(symbolic_spec({"kv_lens": kv_lens}, attn_mask=given)).g.has_attn_mask
             yield Query(z3.BoolVal(flag == given), show={"attn_mask given": given, "has_attn_mask": flag},
                         case="attn_mask given" if given else "no attn_mask")
 

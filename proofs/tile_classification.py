@@ -40,8 +40,8 @@ import z3
 from attnformal import masks, schedule
 from attnformal.logic import VACUOUS, Budget, Control, Labeled, Proof, Query, Settings, check_z3, plain_solver
 from attnformal.masks import MaskGeometry
-from attnformal.proofs.integers import (BLOCK_SIZES, floor_division, floor_division_lemma, geometries,
-                                        symbolic_schedule)
+from attnformal.proofs.integers import (BLOCK_SIZES, domain, floor_division, floor_division_lemma, geometries,
+                                        shown_values, symbolic_schedule)
 from attnformal.schedule import FULL, PARTIAL, SKIP, TILE_CLASS_NAMES
 
 COST = 3  # rough seconds; the prover starts the longest obligations first
@@ -74,7 +74,7 @@ class Tile:
                ("bm, bn >= 0", z3.And(self.bm >= 0, self.bn >= 0))]
         if isinstance(self.block_m, z3.ExprRef):
             out.append(BLOCK_SIZES)
-        return tuple(out)
+        return (*out, *domain(self.g))
 
     def show(self, **positions):
         g = self.g
@@ -82,7 +82,7 @@ class Tile:
                  "bm": self.bm, "bn": self.bn, "class": Labeled(self.cls, TILE_CLASS_NAMES), **positions}
         if g.window is not None:
             shown.update(L=g.window[0], R=g.window[1])
-        return shown
+        return {**shown, **shown_values(g.values)}
 
 
 def attn_mask(i, j):

@@ -59,6 +59,11 @@ class Feature:
         """Whether ``value`` changes the problem (inactive features are ignored everywhere)."""
         return value is not None
 
+    def conflict(self, values: dict) -> str | None:
+        """Why this (active) feature cannot go with the other ``values``, or None: validation refuses
+        such a call, and the prover skips such a combination."""
+        return None
+
     # ---- semantics
 
     def geometry_value(self, value, b):

@@ -30,7 +30,7 @@ tl = pytest.importorskip("triton.language")
 from kernel_checks import assert_matches, make_problem  # noqa: E402
 from attnformal import SpecError  # noqa: E402
 from attnformal.kernels import triton_flash  # noqa: E402
-from attnformal.kernels.triton_flash import _first_query_head, _kv_head_of, _may_attend, _merge  # noqa: E402
+from attnformal.kernels.triton_flash import _first_query_head, _kv_head_of, _merge  # noqa: E402
 from attnformal.masks import CAUSAL_MODES, MaskGeometry, may_attend  # noqa: E402
 from attnformal.merge import SoftmaxState, merge  # noqa: E402
 from attnformal.oracle import attention_oracle, forward_backward  # noqa: E402
@@ -84,51 +84,42 @@ def max_error(inputs, schedule, **kwargs):
 # The spec restated in Triton equals the spec
 # ----------------------------------------------------------------------------------------
 
-@triton.jit
-def _predicate_probe(OUT, CASES, i0, j0, len_q, CAUSAL: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr):
-    """One (kv_len, window) case per program: _may_attend on a BI x BJ grid of (i, j) from (i0, j0)."""
-    case = tl.program_id(0)
-    len_k = tl.load(CASES + case * 3)
-    window_left = tl.load(CASES + case * 3 + 1)
-    window_right = tl.load(CASES + case * 3 + 2)
-    i = i0 + tl.arange(0, BI)
-    j = j0 + tl.arange(0, BJ)
-    allowed = _may_attend(i[:, None], j[None, :], len_q, len_k, window_left, window_right, CAUSAL)
-    tile = tl.arange(0, BI)[:, None] * BJ + tl.arange(0, BJ)[None, :]
-    tl.store(OUT + case * BI * BJ + tile, allowed.to(tl.int8))
-
-
 WINDOWS = (None, (0, 0), (3, -1), (-1, 2), (4, 7), (-3, -5), (0, -1), (2**40, 1), (1, 2**40), (2**40, 2**40))
+
+
+def _kept_by_tables(spec, pad=2):
+    """``[B, Sq, Sk + 2 pad]``: the keys ``j`` (from ``-pad``) each row keeps under the host's row tables."""
+    lo, hi = triton_flash._row_interval_tables(spec)
+    j = torch.arange(-pad, spec.len_k + pad)
+    return (lo[..., None] <= j) & (j <= hi[..., None])
 
 
 @pytest.mark.parametrize("causal", CAUSAL_MODES)
 @pytest.mark.parametrize("len_q, len_k", [(0, 5), (1, 1), (7, 19), (19, 7), (33, 33), (1, 40), (40, 1)])
-def test_in_kernel_predicate_equals_may_attend(len_q, len_k, causal):
-    """On every (i, j) around the matrix (2 past each edge), for each key length and window."""
-    cases = [(kv_len, window) for kv_len in sorted({len_k, len_k // 2, 0}) for window in WINDOWS]
-    # The window travels as the attention kernels receive it (clamped by the host).
-    table = torch.tensor([(kv_len, *triton_flash._window_args(window, len_q + len_k)) for kv_len, window in cases],
-                         dtype=torch.int64)
+def test_row_interval_tables_equal_may_attend(len_q, len_k, causal):
+    """The kernels keep ``lo <= j <= hi`` of the host's tables: on every (b, i, j), 2 keys past each edge,
+    for each key length and window (huge bounds included: the tables stay inside int32)."""
     pad = 2
-    bi, bj = triton.next_power_of_2(len_q + 2 * pad), triton.next_power_of_2(len_k + 2 * pad)
-    out = torch.empty(len(cases), bi, bj, dtype=torch.int8)
-    _predicate_probe[(len(cases),)](out, table, -pad, -pad, len_q, CAUSAL=CAUSAL_MODES.index(causal), BI=bi, BJ=bj)
-    i = torch.arange(-pad, bi - pad)[:, None]
-    j = torch.arange(-pad, bj - pad)[None, :]
-    for (kv_len, window), got in zip(cases, out.bool()):
-        expected = may_attend(i, j, MaskGeometry(len_q, kv_len, causal, window))
-        differ = torch.nonzero(got != expected)
-        assert differ.numel() == 0, (f"kv_len={kv_len}, window={window}: in-kernel predicate differs at "
-                                     f"(i, j) = {[(int(a) - pad, int(b) - pad) for a, b in differ[:5]]}")
+    i = torch.arange(len_q)[:, None]
+    j = torch.arange(-pad, len_k + pad)[None, :]
+    for window in WINDOWS:
+        kv_lens = sorted({len_k, len_k // 2, 0})
+        q, k, v, _ = make_inputs(43, batch=len(kv_lens), len_q=len_q, len_k=len_k)
+        spec = make_spec((q, k, v), causal=causal, window=window, kv_lens=kv_lens)
+        kept = _kept_by_tables(spec, pad)
+        for b in range(spec.batch):
+            expected = may_attend(i, j, spec.geometry(b))
+            differ = torch.nonzero(kept[b] != expected)
+            assert differ.numel() == 0, (f"kv_len={kv_lens[b]}, window={window}: the tables differ at "
+                                         f"(i, j) = {[(int(a), int(c) - pad) for a, c in differ[:5]]}")
 
 
-def test_predicate_comparison_can_fail():
-    """Negative control: the kernel's top-left causal mask is not the spec's bottom-right one."""
-    out = torch.empty(1, 16, 32, dtype=torch.int8)
-    table = torch.tensor([[19, -1, -1]], dtype=torch.int64)
-    _predicate_probe[(1,)](out, table, 0, 0, 7, CAUSAL=CAUSAL_MODES.index("top_left"), BI=16, BJ=32)
-    i, j = torch.arange(16)[:, None], torch.arange(32)[None, :]
-    assert (out[0].bool() != may_attend(i, j, MaskGeometry(7, 19, "bottom_right"))).any()
+def test_row_table_comparison_can_fail():
+    """Negative control: the tables of a top-left causal spec are not the bottom-right mask."""
+    q, k, v, _ = make_inputs(44, len_q=7, len_k=19)
+    kept = _kept_by_tables(make_spec((q, k, v), causal="top_left"), pad=0)
+    i, j = torch.arange(7)[:, None], torch.arange(19)[None, :]
+    assert (kept[0] != may_attend(i, j, MaskGeometry(7, 19, "bottom_right"))).any()
 
 
 @triton.jit

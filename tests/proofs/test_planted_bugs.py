@@ -65,8 +65,8 @@ PLANTED = [
      "ops.floordiv(h, ops.floordiv(heads_q, heads_kv))", "ops.floordiv(h, heads_kv)", 6, "refuted"),
     ("torch floordiv truncates", "attnformal/ops.py",
      'rounding_mode="floor"', 'rounding_mode="trunc"', 13, "refuted"),
-    ("Triton host clamps the window to half the lengths", "attnformal/kernels/triton_flash.py",
-     "min(bound, reach)", "min(bound, reach // 2)", 12, "refuted"),
+    ("Triton host row intervals one key short", "attnformal/kernels/triton_flash.py",
+     "hi.clamp(-1, spec.len_k - 1)", "(hi - 1).clamp(-1, spec.len_k - 1)", 12, "refuted"),
 ]
 
 

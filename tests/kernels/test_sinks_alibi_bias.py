@@ -1,4 +1,4 @@
-"""Sinks, ALiBi and the additive bias: the torch tiled executor against the fp64 oracle.
+"""Sinks, ALiBi and the additive bias: both kernels (torch tiled, Triton) against the fp64 oracle.
 
 Outputs, lse and every gradient (q, k, v, sinks, bias) in float64 (to 1e-12), float32, bfloat16
 and float16, alone and with the mask families, softcap, dropout replay and split-KV.
@@ -15,8 +15,21 @@ from attnformal.oracle import attention_oracle
 from attnformal.schedule import TileSchedule
 
 SMALL = TileSchedule(block_m=16, block_n=16)
-SPLIT = TileSchedule(block_m=16, block_n=8, num_splits=3)
-SHAPE = dict(batch=2, heads_q=4, heads_kv=2, len_q=37, len_k=53, head_dim=8)
+SPLIT = TileSchedule(block_m=16, block_n=16, num_splits=3)
+
+
+def kernels():
+    """``{name: attention}`` of the kernels at hand (Triton only where it is installed)."""
+    found = {"torch_tiled": torch_tiled.attention}
+    try:
+        from attnformal.kernels import triton_flash
+    except ImportError:
+        return found
+    return {**found, "triton_flash": triton_flash.attention}
+
+
+KERNELS = kernels()
+SHAPE = dict(batch=2, heads_q=4, heads_kv=2, len_q=37, len_k=53, head_dim=16)
 DIFFERENTIABLE = ("sinks", "bias")  # the keyword tensors whose gradients the protocol returns
 
 
@@ -50,10 +63,10 @@ def run(impl, q, k, v, grad_out, grad_lse_weight=0.25, **kwargs):
     return {"out": out.detach(), "lse": lse.detach(), **{f"d{n}": t.grad for n, t in leaves.items()}}
 
 
-def check(dtype=torch.float64, schedule=SMALL, shape=None, **kwargs):
+def check(dtype=torch.float64, schedule=SMALL, shape=None, kernel="torch_tiled", **kwargs):
     q, k, v, grad_out = make_problem(seed=0, dtype=dtype, **{**SHAPE, **(shape or {})})
     ref = run(attention_oracle, q, k, v, grad_out, **kwargs)
-    got = run(lambda *t, **kw: torch_tiled.attention(*t, schedule=schedule, **kw), q, k, v, grad_out, **kwargs)
+    got = run(lambda *t, **kw: KERNELS[kernel](*t, schedule=schedule, **kw), q, k, v, grad_out, **kwargs)
     assert set(got) == set(ref)
     for name, r in ref.items():
         assert got[name] is not None, f"no gradient for {name}"
@@ -80,24 +93,28 @@ def features(dtype):
     }
 
 
-@pytest.mark.parametrize("schedule", [SMALL, SPLIT], ids=["16x16", "16x8 split3"])
+@pytest.mark.parametrize("kernel", list(KERNELS))
+@pytest.mark.parametrize("schedule", [SMALL, SPLIT], ids=["16x16", "16x16 split3"])
 @pytest.mark.parametrize("name", list(features(torch.float64)))
-def test_float64_matches_the_oracle_to_1e_12(name, schedule):
-    check(schedule=schedule, **features(torch.float64)[name])
+def test_float64_matches_the_oracle_to_1e_12(name, schedule, kernel):
+    check(schedule=schedule, kernel=kernel, **features(torch.float64)[name])
 
 
 @pytest.mark.numerics
+@pytest.mark.parametrize("kernel", list(KERNELS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("name", ["sinks, one -inf", "alibi [B, Hq] + kv_lens", "bias [Hq, 1, Sk]",
                                   "all + window + kv_lens 0"])
-def test_low_precision_matches_the_oracle(name, dtype):
-    check(dtype=dtype, **features(dtype)[name])
+def test_low_precision_matches_the_oracle(name, dtype, kernel):
+    check(dtype=dtype, kernel=kernel, **features(dtype)[name])
 
 
-def test_sinks_with_dropout_replay_leave_the_sink_undropped():
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_sinks_with_dropout_replay_leave_the_sink_undropped(kernel):
     b, h, sq, sk = SHAPE["batch"], SHAPE["heads_q"], SHAPE["len_q"], SHAPE["len_k"]
     keep = torch.rand(b, h, sq, sk, generator=torch.Generator().manual_seed(3)) < 0.7
-    check(sinks=sinks(torch.float64), bias=bias(torch.float64, (sq, sk)), dropout_p=0.3, dropout_mask=keep)
+    check(kernel=kernel, sinks=sinks(torch.float64), bias=bias(torch.float64, (sq, sk)), dropout_p=0.3,
+          dropout_mask=keep)
 
 
 def test_a_bias_without_requires_grad_gets_no_gradient_and_the_sink_gradient_is_the_formula():
@@ -114,22 +131,12 @@ def test_a_bias_without_requires_grad_gets_no_gradient_and_the_sink_gradient_is_
     torch.testing.assert_close(sink.grad, expected, rtol=1e-12, atol=1e-12)
 
 
-def kernels_without_these_features():
+@pytest.mark.parametrize("keyword", ["sinks", "alibi_slopes", "bias"])
+def test_the_ring_kernel_refuses_them_rather_than_compute_without_them(keyword):
     from attnformal.kernels import ring
 
-    yield "ring", ring.make_attention()
-    try:
-        from attnformal.kernels import triton_flash
-    except ImportError:  # triton not installed: nothing to refuse
-        return
-    yield "triton_flash", triton_flash.attention
-
-
-@pytest.mark.parametrize("keyword", ["sinks", "alibi_slopes", "bias"])
-def test_kernels_that_lack_a_feature_refuse_it_rather_than_compute_without_it(keyword):
     q, k, v, _ = make_problem(seed=0, **SHAPE)
     value = {"sinks": sinks(torch.float64), "alibi_slopes": slopes(torch.float64),
              "bias": bias(torch.float64, (SHAPE["len_q"], SHAPE["len_k"]))}[keyword]
-    for name, attention in kernels_without_these_features():
-        with pytest.raises(NotImplementedError, match=keyword):
-            attention(q, k, v, **{keyword: value})
+    with pytest.raises(NotImplementedError, match=keyword):
+        ring.make_attention()(q, k, v, **{keyword: value})

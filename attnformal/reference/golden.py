@@ -7,11 +7,12 @@ Format (version 1): one NumPy ``.npz`` archive holding
   ``reference`` (tier, largest enclosure radius, what a radius means) and ``arrays``
   (shape, dtype and SHA-256 of every array below);
 * inputs as the exact bits of their dtype: ``q_bits``, ``k_bits``, ``v_bits``, ``grad_out_bits``
-  (uint16 for float16/bfloat16, uint32 for float32, uint64 for float64), and the bool
-  ``attn_mask`` / ``dropout_mask`` when the spec has them;
-* reference values in float64 with their radii: ``out``, ``lse``, ``dq``, ``dk``, ``dv`` and
-  ``out_radius`` ... ``dv_radius``: the exact value (for the exact inputs) lies within
-  ``value +- radius``, rigorously (see :mod:`attnformal.reference.certified`).
+  (uint16 for float16/bfloat16, uint32 for float32, uint64 for float64), and every tensor
+  feature the spec has (``attn_mask`` / ``dropout_mask`` as bool; ``sinks``, ``alibi_slopes``,
+  ``bias`` as float64, exact: their values whatever dtype they came in);
+* reference values in float64 with their radii: ``out``, ``lse``, ``dq``, ``dk``, ``dv`` (and
+  ``dsinks``, ``dbias`` with sinks or a bias) and ``out_radius`` ...: the exact value (for the
+  exact inputs) lies within ``value +- radius``, rigorously (see :mod:`attnformal.reference.certified`).
 
 Inputs: ``q, k, v, grad_out ~ N(0, 1) * input_scale`` rounded to ``dtype``, then the dropout
 keep-mask (``Bernoulli(1 - p)``) and the attention mask (``Bernoulli(density)``), drawn in
@@ -33,7 +34,8 @@ import torch
 
 from attnformal import __version__
 from attnformal.cli import atomic_path, output_file
-from attnformal.reference.certified import FIELDS, CertifiedResult, certified_attention
+from attnformal.features import FEATURES
+from attnformal.reference.certified import FIELDS, PARAMETER_FIELDS, CertifiedResult, certified_attention
 from attnformal.spec import AttentionSpec, SpecError
 
 FORMAT, VERSION = "attnformal-golden", 1
@@ -70,10 +72,22 @@ class Golden:
 
 
 def protocol_kwargs(spec: AttentionSpec) -> dict:
-    """The implementation-protocol keywords that reproduce ``spec`` (with its mask tensors)."""
-    return {"scale": spec.scale, "causal": spec.causal, "window": spec.window,
-            "kv_lens": None if spec.kv_lens is None else list(spec.kv_lens), "softcap": spec.softcap,
-            "dropout_p": spec.dropout_p, "attn_mask": spec.attn_mask, "dropout_mask": spec.dropout_mask}
+    """The implementation-protocol keywords that reproduce ``spec`` (with its tensor features)."""
+    kwargs = {"scale": spec.scale, "causal": spec.causal, "window": spec.window,
+              "kv_lens": None if spec.kv_lens is None else list(spec.kv_lens), "softcap": spec.softcap,
+              "dropout_p": spec.dropout_p}
+    return {**kwargs, **{f.name: getattr(spec, f.name) for f in FEATURES if f.tensor}}
+
+
+def _tensor_features(spec: AttentionSpec) -> dict:
+    """``{name: numpy array}`` of the spec's tensor features: bool masks as they are, floats as float64."""
+    arrays = {}
+    for f in FEATURES:
+        value = getattr(spec, f.name)
+        if f.tensor and value is not None:
+            value = value.detach().cpu()
+            arrays[f.name] = (value if value.dtype == torch.bool else value.double()).contiguous().numpy().copy()
+    return arrays
 
 
 # ---------------------------------------------------------------- inputs
@@ -126,11 +140,8 @@ def save(path, inputs: dict, result: CertifiedResult, *, seed: int, generator: d
     spec = result.spec
     dtype = str(inputs["q"].dtype).removeprefix("torch.")
     arrays = {f"{name}_bits": _to_bits(inputs[name]) for name in INPUTS}
-    for name in ("attn_mask", "dropout_mask"):
-        mask = getattr(spec, name)
-        if mask is not None:
-            arrays[name] = mask.cpu().numpy().copy()
-    for name in FIELDS:
+    arrays.update(_tensor_features(spec))
+    for name in result.fields():
         arrays[name] = getattr(result, name).numpy()
         arrays[f"{name}_radius"] = getattr(result, f"{name}_radius").numpy()
     meta = {"format": FORMAT, "version": VERSION, "dtype": dtype, "seed": seed, "spec": spec.to_json(),
@@ -196,7 +207,7 @@ def load(path, *, verify: bool = True) -> Golden:
     inputs = {name: _from_bits(arrays[f"{name}_bits"], meta["dtype"]) for name in INPUTS}
     spec = _rebuild_spec(path, meta, inputs, arrays)
     reference = {name: (torch.from_numpy(arrays[name]), torch.from_numpy(arrays[f"{name}_radius"]))
-                 for name in FIELDS}
+                 for name in (*FIELDS, *PARAMETER_FIELDS) if name in arrays}
     _check_reference(path, spec, reference)
     if verify:
         _verify_sample(path, spec, inputs, reference)
@@ -245,7 +256,7 @@ def _rebuild_spec(path, meta, inputs, arrays) -> AttentionSpec:
               "window": None if stored.get("window") is None else tuple(stored["window"]),
               "kv_lens": stored.get("kv_lens"), "softcap": stored.get("softcap"),
               "dropout_p": stored.get("dropout_p", 0.0),
-              "attn_mask": _mask(arrays, "attn_mask"), "dropout_mask": _mask(arrays, "dropout_mask")}
+              **{f.name: _mask(arrays, f.name) for f in FEATURES if f.tensor}}
     try:
         spec = AttentionSpec.from_inputs(inputs["q"], inputs["k"], inputs["v"], **kwargs)
     except SpecError as err:
@@ -271,6 +282,14 @@ def _check_reference(path, spec: AttentionSpec, reference: dict) -> None:
               "dq": (spec.batch, spec.heads_q, spec.len_q, spec.head_dim),
               "dk": (spec.batch, spec.heads_kv, spec.len_k, spec.head_dim),
               "dv": (spec.batch, spec.heads_kv, spec.len_k, spec.head_dim_v)}
+    for name, feature in (("dsinks", "sinks"), ("dbias", "bias")):
+        if getattr(spec, feature) is not None:
+            shapes[name] = tuple(getattr(spec, feature).shape)
+    wanted = [name for name in shapes if name not in reference]
+    unexpected = [name for name in reference if name not in shapes]
+    if wanted or unexpected:
+        raise GoldenError(path, f"reference {(wanted or unexpected)[0]!r} is "
+                                f"{'missing' if wanted else 'stored, but the spec has no such input'}")
     for name, (value, radius) in reference.items():
         if tuple(value.shape) != shapes[name] or tuple(radius.shape) != shapes[name]:
             raise GoldenError(path, f"reference {name!r} has shape {list(value.shape)}, "
@@ -290,9 +309,14 @@ def _verify_sample(path, spec: AttentionSpec, inputs: dict, reference: dict) -> 
         g = int(heads[h])
         kwargs = protocol_kwargs(spec)
         kwargs["kv_lens"] = None if spec.kv_lens is None else [spec.kv_lens[b]]
-        for name in ("attn_mask", "dropout_mask"):
+        full = (spec.batch, spec.heads_q, spec.len_q, spec.len_k)
+        for name in ("attn_mask", "dropout_mask", "bias"):
             if kwargs[name] is not None:
-                kwargs[name] = kwargs[name][b:b + 1, h:h + 1]
+                kwargs[name] = kwargs[name].expand(full)[b:b + 1, h:h + 1]
+        if kwargs["sinks"] is not None:
+            kwargs["sinks"] = kwargs["sinks"][h:h + 1]
+        if kwargs["alibi_slopes"] is not None:
+            kwargs["alibi_slopes"] = kwargs["alibi_slopes"][b:b + 1, h:h + 1]
         x = {name: inputs[name][b:b + 1, hh:hh + 1]
              for name, hh in (("q", h), ("k", g), ("v", g), ("grad_out", h))}
         fresh = certified_attention(x["q"], x["k"], x["v"], x["grad_out"], **kwargs)

@@ -45,8 +45,10 @@ attention sinks -- npu_fusion_attention has no parameter for a logit without a v
 from __future__ import annotations
 
 from attnformal import ops
+from attnformal.features import with_role
 from attnformal.masks import MaskGeometry
 
+MAPPED = ("causal", "window")  # the index-mask features npu_mask_args maps to a sparse mode; others: mode 1
 INT_MAX = 2147483647  # torch_npu's default pre_tockens / next_tockens: "no limit"
 
 
@@ -101,6 +103,10 @@ def npu_mask_args(g: MaskGeometry):
     """
     if g.has_attn_mask:
         return 1, INT_MAX, INT_MAX
+    unmapped = [f.name for f in with_role("interval") if f.name not in MAPPED and f.active(g.values.get(f.name))]
+    if unmapped:
+        raise NotImplementedError(f"no sparse_mode is mapped for {unmapped[0]}; pass the mask as attn_mask "
+                                  "(sparse_mode=1)")
     if g.window is None:
         return {None: 0, "top_left": 2, "bottom_right": 3}[g.causal], INT_MAX, INT_MAX
     if g.causal == "top_left":

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import SearchStrategy
 
+from attnformal.features import FEATURES, feature, with_role
 from attnformal.masks import CAUSAL_MODES
 from attnformal.spec import SUPPORTED_DTYPES, AttentionSpec
 from attnformal.verify.cases import Shape, generator, randn, value_offsets
@@ -112,10 +113,14 @@ def windows(*, left=st.integers(-1, 16), right=st.integers(-1, 16)) -> SearchStr
 
 
 def masks(shape: Shape, *, causal=st.sampled_from(CAUSAL_MODES), window=st.none() | windows(),
-          kv_lens=st.booleans(), attn_mask=st.booleans()) -> SearchStrategy[dict]:
-    """The mask keyword arguments for ``shape``: causal, window, per-batch lengths, an explicit mask.
+          kv_lens=st.booleans(), attn_mask=st.booleans(), **features) -> SearchStrategy[dict]:
+    """The mask keyword arguments for ``shape``: causal, window, per-batch lengths, an explicit mask,
+    and every other registered mask feature (``chunk_size``, ``prefix_lens``, ...).
 
-    ``kv_lens`` and ``attn_mask`` are booleans (or strategies of them): whether to draw one.
+    ``kv_lens`` and ``attn_mask`` are booleans (or strategies of them): whether to draw one. Another
+    mask feature takes a value or a strategy by its keyword, else its declaration's own strategy
+    (:meth:`attnformal.features.Feature.strategy`); a drawn value the other features refuse
+    (:meth:`~attnformal.features.Feature.conflict`: a prefix without causal) is dropped.
     """
     fn = "masks"
     causal = _as_strategy(fn, "causal", causal, lambda x: x in CAUSAL_MODES, f"one of {CAUSAL_MODES}",
@@ -124,26 +129,58 @@ def masks(shape: Shape, *, causal=st.sampled_from(CAUSAL_MODES), window=st.none(
                           "None or (left, right)", "windows()")
     kv_lens = _as_strategy(fn, "kv_lens", kv_lens, lambda x: isinstance(x, bool), "a bool", "True")
     attn_mask = _as_strategy(fn, "attn_mask", attn_mask, lambda x: isinstance(x, bool), "a bool", "False")
+    others = _other_masks(fn, shape, features)
 
     @st.composite
     def draw_masks(draw):
         kwargs = {"causal": draw(causal), "window": draw(window)}
+        kwargs.update({name: draw(strategy) for name, strategy in others.items()})
         if draw(kv_lens):
             kwargs["kv_lens"] = draw(st.lists(st.integers(0, shape.len_k), min_size=shape.batch, max_size=shape.batch))
         if draw(attn_mask):
             seed = draw(st.integers(0, 2**31 - 1))
             kwargs["attn_mask"] = torch.rand(shape.batch, shape.heads_q, shape.len_q, shape.len_k,
                                              generator=generator(seed)) < 0.7
+        for f in FEATURES:
+            if f.name in others and f.active(kwargs[f.name]) and f.conflict(kwargs):
+                kwargs[f.name] = None
         return {key: value for key, value in kwargs.items() if value is not None}
 
     return draw_masks()
 
 
+EXPLICIT_MASKS = ("causal", "window", "kv_lens", "attn_mask")  # the keywords of masks() itself
+
+
+def _check_other_masks(fn: str, given: dict) -> list[str]:
+    """The names of the other mask features; an unknown keyword in ``given`` is an InvalidArgument."""
+    names = [f.name for f in with_role("interval", "length", "data") if f.name not in EXPLICIT_MASKS]
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise InvalidArgument(f"{fn}({unknown[0]}=...): no mask feature of that name; the others are "
+                              f"{', '.join(names) or 'none'}")
+    return names
+
+
+def _other_masks(fn: str, shape: Shape, given: dict) -> dict[str, SearchStrategy]:
+    """A strategy per registered mask feature beyond :data:`EXPLICIT_MASKS`: the given one, else its own."""
+    names = _check_other_masks(fn, given)
+    out = {}
+    for name in names:
+        value = given.get(name, feature(name).strategy(shape))
+        if value is not None:
+            out[name] = value if isinstance(value, SearchStrategy) else st.just(value)
+    return out
+
+
 def problems(*, dtype=torch.float32, shapes=shapes(), causal=st.sampled_from(CAUSAL_MODES),
              window=st.none() | windows(), kv_lens=st.booleans(), attn_mask=st.booleans(),
              scale=st.none() | st.floats(0.01, 2.0), softcap=st.none() | st.floats(1.0, 50.0),
-             dropout_p=st.just(0.0), values=st.sampled_from(VALUE_KINDS), device="cpu") -> SearchStrategy[AttentionProblem]:
+             dropout_p=st.just(0.0), values=st.sampled_from(VALUE_KINDS), device="cpu",
+             **features) -> SearchStrategy[AttentionProblem]:
     """Whole problems: a shape, masks, scale, softcap, dropout replay, and seeded tensors.
+
+    Other mask features (``chunk_size=``, ``prefix_lens=``) go to :func:`masks`.
 
     ``dropout_p > 0`` comes with a drawn keep-mask to replay. ``values`` picks the input
     scale: ``"normal"`` (N(0, 1)), ``"large"`` (x30: logits in the thousands), ``"tiny"``
@@ -159,11 +196,12 @@ def problems(*, dtype=torch.float32, shapes=shapes(), causal=st.sampled_from(CAU
     dropout_p = _as_strategy(fn, "dropout_p", dropout_p, lambda x: isinstance(x, float) and 0 <= x < 1,
                              "a float in [0, 1)", "st.sampled_from([0.0, 0.3])")
     values = _as_strategy(fn, "values", values, lambda x: x in VALUE_KINDS, f"one of {VALUE_KINDS}", "'normal'")
+    _check_other_masks(fn, features)
 
     @st.composite
     def draw_problem(draw):
         sh = draw(shapes)
-        kwargs = draw(masks(sh, causal=causal, window=window, kv_lens=kv_lens, attn_mask=attn_mask))
+        kwargs = draw(masks(sh, causal=causal, window=window, kv_lens=kv_lens, attn_mask=attn_mask, **features))
         kwargs.update({k: v for k, v in (("scale", draw(scale)), ("softcap", draw(softcap))) if v is not None})
         seed = draw(st.integers(0, 2**31 - 1))
         p = draw(dropout_p)

@@ -40,6 +40,9 @@ class AlibiSlopes(Feature):
             raise SpecError("alibi_slopes", "finite slopes", repr(value.tolist()))
         return value.detach().expand(problem.batch, problem.heads_q)
 
+    def one_element(self, value, b, h, full):
+        return value[b:b + 1, h:h + 1]
+
     def score_bias(self, value, spec, batches, rows: slice, cols: slice, dtype):
         import torch
 

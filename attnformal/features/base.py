@@ -50,6 +50,9 @@ class Feature:
     per_batch: bool = False
     tensor: bool = False
     summary: str = ""  # one line: what the value means (docs, CLI help)
+    # The battery's bug class for a mask violated at this feature's edge of the key interval
+    # (id, title); diagnosis attributes such violations to it (None: no edge of its own).
+    edge_bug: tuple[str, str] | None = None
 
     def validate(self, value, problem: Problem, values: dict):
         """The checked value (``values``: the features validated before this one)."""
@@ -87,6 +90,15 @@ class Feature:
         rows, cols]`` (broadcastable) for the batch elements ``batches`` (an index tensor)."""
         raise NotImplementedError(f"feature {self.name} has no score bias")
 
+    def one_element(self, value, b: int, h: int, full):
+        """The value for batch element ``b`` and query head ``h`` alone (a one-element problem: the
+        golden files' spot check); ``full`` is ``[B, Hq, Sq, Sk]``. Tensors here broadcast to it."""
+        if self.per_batch:
+            return [value[b]]
+        if self.tensor:
+            return value.expand(full)[b:b + 1, h:h + 1]
+        return value
+
     # ---- JSON (golden files) and command line
 
     def to_json(self, value):
@@ -103,6 +115,11 @@ class Feature:
         return self.default
 
     # ---- Hypothesis and the prover
+
+    def example(self, shape) -> dict | None:
+        """Protocol keywords that turn this feature on for a :class:`~attnformal.verify.cases.Shape`
+        (with any companion it needs): the battery's capability probe. None: probed elsewhere or not at all."""
+        return None
 
     def strategy(self, shape):
         """A Hypothesis strategy of values for a :class:`~attnformal.verify.cases.Shape` (None: not drawn)."""

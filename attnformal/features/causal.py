@@ -11,6 +11,7 @@ CAUSAL_MODES = (None, "top_left", "bottom_right")
 class Causal(Feature):
     name, role = "causal", "interval"
     summary = "None, 'top_left' (j <= i) or 'bottom_right' (j <= i + Sk - Sq: the last query sees the last key)"
+    edge_bug = ("causal_off_by_one", "the causal boundary is off by one key")
 
     def validate(self, value, problem, values):
         from attnformal.spec import SpecError

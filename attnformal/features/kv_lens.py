@@ -9,6 +9,7 @@ from attnformal.features.base import Feature, int_list
 class KvLens(Feature):
     name, role, per_batch = "kv_lens", "length", True
     summary = "[B] ints in [0, Sk]: batch b has kv_lens[b] keys (the rest are padding)"
+    edge_bug = ("kv_lens_ignored", "per-batch key lengths (kv_lens) are not applied")
 
     def validate(self, value, problem, values):
         if value is None:
@@ -25,11 +26,14 @@ class KvLens(Feature):
     def add_argument(self, parser):
         from attnformal import cli
 
-        parser.add_argument("--kv-lens", action=cli.IntList, form="B comma-separated ints", metavar="N,...",
-                            help="key length of each batch element")
+        parser.add_argument("--kv-lens", action=cli.IntList, form="comma-separated ints, one key length per batch",
+                            metavar="N,...", help="one key length per batch")
 
     def from_arguments(self, args):
         return args.kv_lens
+
+    def example(self, shape):
+        return {"kv_lens": [shape.len_k, shape.len_k // 2]}
 
     def prover_values(self):
         import z3

@@ -32,5 +32,8 @@ class Sinks(Feature):
             raise SpecError("sinks", "finite logits or -inf (no sink)", repr(value.tolist()))
         return value  # the caller's tensor: its gradient flows back to it
 
+    def one_element(self, value, b, h, full):
+        return value[h:h + 1]
+
 
 FEATURE = Sinks()

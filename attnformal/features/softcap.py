@@ -29,6 +29,9 @@ class Softcap(Feature):
     def modify_scores(self, s, value):
         return apply_softcap(s, value)
 
+    def example(self, shape):
+        return {"softcap": 20.0}
+
     def add_argument(self, parser):
         from attnformal import cli
 

@@ -11,6 +11,7 @@ from attnformal.features.base import Feature, is_int
 class Window(Feature):
     name, role = "window", "interval"
     summary = "(left, right): i + off - left <= j <= i + off + right, off = Sk - Sq; a negative bound is unbounded"
+    edge_bug = ("window_off_by_one", "a sliding-window boundary is off by one key")
 
     def validate(self, value, problem, values):
         from attnformal.spec import SpecError
@@ -42,6 +43,9 @@ class Window(Feature):
 
     def from_arguments(self, args):
         return None if args.window is None else tuple(args.window)
+
+    def example(self, shape):
+        return {"window": (8, 0)}
 
     def prover_values(self):
         import z3

@@ -19,6 +19,7 @@ from pathlib import Path
 from attnformal import cli
 from attnformal.adapters import ALIASES, resolve
 from attnformal.distributed import EngineMissing, open_executor
+from attnformal.features import FEATURES
 from attnformal.reference import cost, golden
 from attnformal.reference.certified import CertificationError
 from attnformal.reference.check import ImplementationError, loose_radius
@@ -26,6 +27,7 @@ from attnformal.spec import SpecError
 
 PROG = "python -m attnformal.reference"
 ESTIMATE_SHOWN_ABOVE_S = 2.0
+SHOWN = ("causal", "window", "softcap", "dropout_p")  # features the check's header names even when off
 GENERATE_EXAMPLE = (f"{PROG} generate --shape 2,4,2,100,130,32 --dtype bf16 --causal bottom_right "
                     "--window 40,5 --seed 3 --out case.npz")
 CHECK_EXAMPLE = f"{PROG} check case.npz --impl torch-tiled"
@@ -66,14 +68,8 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", required=True, type=cli.integer(minimum=0, below=2**64, what="an int in [0, 2^64)"),
                      help="seed of every random draw (an int >= 0)")
     gen.add_argument("--out", required=True, metavar="FILE", help="the .npz file to write (atomically)")
-    gen.add_argument("--causal", default="none", choices=["none", "top_left", "bottom_right"])
-    gen.add_argument("--window", action=cli.IntList, count=2, form="2 comma-separated ints L,R", metavar="L,R",
-                     help="sliding window (-1: unbounded on that side)")
-    gen.add_argument("--kv-lens", action=cli.IntList, form="comma-separated ints, one key length per batch",
-                     metavar="N,...", help="one key length per batch")
-    gen.add_argument("--softcap", type=cli.number(above=0), metavar="C", help="tanh softcap of the scores")
-    gen.add_argument("--dropout-p", type=cli.number(minimum=0), default=0.0, metavar="P",
-                     help="dropout, with a seeded keep-mask stored in the file")
+    for feature in FEATURES:  # each protocol feature's own flag (--causal, --window, --chunk-size, ...)
+        feature.add_argument(gen)
     gen.add_argument("--attn-mask-density", type=cli.number(minimum=0, maximum=1, what="a fraction in [0, 1]"), metavar="F",
                      help="add a seeded random bool mask, this fraction True")
     gen.add_argument("--scale", type=cli.number(), metavar="S", help="softmax scale (default 1/sqrt(D))")
@@ -111,9 +107,7 @@ def _generate(args) -> int:
     if arb_tier and (args.workers is not None or args.cluster is not None):
         raise ValueError("argument '--workers'/'--cluster': they run the float64 tier's tiles, but this case uses "
                          "the Arb tier (--prec, or float64 inputs), which runs in this process")
-    protocol = {"scale": args.scale, "causal": None if args.causal == "none" else args.causal,
-                "window": None if args.window is None else tuple(args.window), "kv_lens": args.kv_lens,
-                "softcap": args.softcap, "dropout_p": args.dropout_p}
+    protocol = {"scale": args.scale, **{f.name: f.from_arguments(args) for f in FEATURES if not f.tensor}}
     _check_space(shape, dtype, out, args)
     inputs = golden.make_inputs(shape, dtype, args.seed, input_scale=args.input_scale, dropout_p=args.dropout_p,
                                 attn_mask_density=args.attn_mask_density)
@@ -192,9 +186,10 @@ def _check(args) -> int:
     case = golden.load(args.file)
     spec = case.spec
     print(f"golden: {args.file} ({case.meta['dtype']}, B={spec.batch} Hq={spec.heads_q} Hkv={spec.heads_kv} "
-          f"Sq={spec.len_q} Sk={spec.len_k} D={spec.head_dim} Dv={spec.head_dim_v}, causal={spec.causal}, "
-          f"window={spec.window}, softcap={spec.softcap}, dropout_p={spec.dropout_p}, seed {case.meta['seed']}; "
-          f"reference {case.meta['reference']['tier']} tier)")
+          f"Sq={spec.len_q} Sk={spec.len_k} D={spec.head_dim} Dv={spec.head_dim_v}, "
+          + "".join(f"{f.name}={getattr(spec, f.name)}, " for f in FEATURES
+                    if not f.tensor and (f.name in SHOWN or f.active(getattr(spec, f.name))))
+          + f"seed {case.meta['seed']}; reference {case.meta['reference']['tier']} tier)")
     print(f"impl:   {args.impl}")
     try:
         report = run_check(case, impl, rtol=args.rtol, atol=args.atol, device=args.device)

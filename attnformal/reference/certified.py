@@ -46,6 +46,7 @@ from flint import arb, ctx
 
 from attnformal import ops
 from attnformal.features.alibi import alibi_bias
+from attnformal.features import FEATURES, refuse_unsupported
 from attnformal.reference import arb_balls, fp64_balls
 from attnformal.spec import AttentionSpec, SpecError
 
@@ -183,8 +184,17 @@ def _run_tiled(spec, x: dict, progress, executor, tiling) -> CertifiedResult:
 # ---------------------------------------------------------------- inputs
 
 
+def reference_supports() -> set[str]:
+    """The features the certified and mpmath references compute: every mask (through ``spec.allowed``),
+    dropout, and the score and state features they implement by name (softcap, ALiBi, bias, sinks)."""
+    return ({f.name for f in FEATURES if f.role in ("interval", "length", "data", "dropout")}
+            | {"softcap", "alibi_slopes", "bias", "sinks"})
+
+
 def exact_inputs(spec: AttentionSpec, q, k, v, grad_out) -> dict:
-    """Float64 CPU copies (exact for every supported dtype), checked finite."""
+    """Float64 CPU copies (exact for every supported dtype), checked finite; a feature the references
+    do not compute is refused (``NotImplementedError``)."""
+    refuse_unsupported(spec, reference_supports(), "the certified and mpmath references")
     tensors = {"q": q, "k": k, "v": v}
     if grad_out is not None:
         expected = (spec.batch, spec.heads_q, spec.len_q, spec.head_dim_v)

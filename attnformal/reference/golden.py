@@ -72,11 +72,9 @@ class Golden:
 
 
 def protocol_kwargs(spec: AttentionSpec) -> dict:
-    """The implementation-protocol keywords that reproduce ``spec`` (with its tensor features)."""
-    kwargs = {"scale": spec.scale, "causal": spec.causal, "window": spec.window,
-              "kv_lens": None if spec.kv_lens is None else list(spec.kv_lens), "softcap": spec.softcap,
-              "dropout_p": spec.dropout_p}
-    return {**kwargs, **{f.name: getattr(spec, f.name) for f in FEATURES if f.tensor}}
+    """The implementation-protocol keywords that reproduce ``spec`` (every feature, with its mask tensors)."""
+    return {"scale": spec.scale, **{f.name: f.from_json(f.to_json(value)) if not f.tensor else value
+                                    for f, value in zip(FEATURES, spec.values().values())}}
 
 
 def _tensor_features(spec: AttentionSpec) -> dict:
@@ -252,11 +250,9 @@ def _read_array(path, archive, name: str, expected: dict, dtype: str) -> np.ndar
 
 def _rebuild_spec(path, meta, inputs, arrays) -> AttentionSpec:
     stored = meta["spec"]
-    kwargs = {"scale": stored.get("scale"), "causal": stored.get("causal"),
-              "window": None if stored.get("window") is None else tuple(stored["window"]),
-              "kv_lens": stored.get("kv_lens"), "softcap": stored.get("softcap"),
-              "dropout_p": stored.get("dropout_p", 0.0),
-              **{f.name: _mask(arrays, f.name) for f in FEATURES if f.tensor}}
+    kwargs = {"scale": stored.get("scale"),
+              **{f.name: _mask(arrays, f.name) if f.tensor else f.from_json(stored.get(f.name, f.default))
+                 for f in FEATURES}}
     try:
         spec = AttentionSpec.from_inputs(inputs["q"], inputs["k"], inputs["v"], **kwargs)
     except SpecError as err:
@@ -308,15 +304,10 @@ def _verify_sample(path, spec: AttentionSpec, inputs: dict, reference: dict) -> 
             continue
         g = int(heads[h])
         kwargs = protocol_kwargs(spec)
-        kwargs["kv_lens"] = None if spec.kv_lens is None else [spec.kv_lens[b]]
         full = (spec.batch, spec.heads_q, spec.len_q, spec.len_k)
-        for name in ("attn_mask", "dropout_mask", "bias"):
-            if kwargs[name] is not None:
-                kwargs[name] = kwargs[name].expand(full)[b:b + 1, h:h + 1]
-        if kwargs["sinks"] is not None:
-            kwargs["sinks"] = kwargs["sinks"][h:h + 1]
-        if kwargs["alibi_slopes"] is not None:
-            kwargs["alibi_slopes"] = kwargs["alibi_slopes"][b:b + 1, h:h + 1]
+        for f in FEATURES:  # batch element b and query head h on their own
+            if kwargs[f.name] is not None:
+                kwargs[f.name] = f.one_element(kwargs[f.name], b, h, full)
         x = {name: inputs[name][b:b + 1, hh:hh + 1]
              for name, hh in (("q", h), ("k", g), ("v", g), ("grad_out", h))}
         fresh = certified_attention(x["q"], x["k"], x["v"], x["grad_out"], **kwargs)

@@ -16,12 +16,17 @@ from dataclasses import dataclass
 
 import torch
 
+from attnformal.features import FEATURES as REGISTERED
+
 FIELDS = ("out", "lse", "dq", "dk", "dv", "dsinks", "dbias")
 LAID_OUT = FIELDS[:5]  # the [B, H, S, ...] tensors the diagnosis localises (d sinks, d bias have other shapes)
-FEATURES = ("lse", "backward", "gqa", "causal_top_left", "causal_bottom_right", "window", "kv_lens", "attn_mask",
-            "softcap", "alibi_slopes", "bias", "sinks", "dropout", "dropout_replay", "head_dim_v", "empty",
-            "noncontiguous", "fp64")
 DIFFERENTIABLE = ("sinks", "bias")  # keyword tensors whose gradients the protocol returns (d<name>)
+# The protocol features a case can exercise (coverage, --require): the registered features, with causal
+# by alignment and dropout as drawn by the implementation or replayed.
+_SPLIT = ("causal", "dropout_p", "dropout_mask")
+FEATURES = ("lse", "backward", "gqa", "causal_top_left", "causal_bottom_right",
+            *(f.name for f in REGISTERED if f.name not in _SPLIT),
+            "dropout", "dropout_replay", "head_dim_v", "empty", "noncontiguous", "fp64")
 
 
 class Unsupported(Exception):
@@ -55,8 +60,7 @@ def case_features(case, *, lse=False, backward=False) -> tuple[str, ...]:
     found += ["backward"] if backward else []
     found += ["gqa"] if spec.heads_q != spec.heads_kv else []
     found += [f"causal_{spec.causal}"] if spec.causal else []
-    found += [name for name in ("window", "kv_lens", "attn_mask", "softcap", "alibi_slopes", "bias", "sinks")
-              if kw.get(name) is not None]
+    found += [f.name for f in REGISTERED if f.name not in _SPLIT and f.active(kw.get(f.name))]
     if spec.dropout_p > 0:
         found.append("dropout_replay" if spec.dropout_mask is not None else "dropout")
     found += ["head_dim_v"] if spec.head_dim_v != spec.head_dim else []

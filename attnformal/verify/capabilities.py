@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from attnformal.features import FEATURES
 from attnformal.verify.calls import Unsupported, call
 from attnformal.verify.cases import Shape, generator, non_contiguous, random_attn_mask, random_case, \
     random_dropout_mask, shape
@@ -161,13 +162,15 @@ def _nearest_head_dim(d: int, head_dim_ok, fallback: int) -> int:
 
 
 def _fit_tensors(kw: dict, sh: Shape):
-    """Masks tiled (or cut) to the adapted lengths; kv_lens cut to the adapted key length."""
+    """Masks tiled (or cut) to the adapted lengths; per-batch lengths (kv_lens, prefix_lens) cut to the
+    adapted key length."""
     for name in ("attn_mask", "dropout_mask"):
         mask = kw.get(name)
         if isinstance(mask, torch.Tensor) and tuple(mask.shape[2:]) != (sh.len_q, sh.len_k):
             kw[name] = _tile(mask, sh.len_q, sh.len_k)
-    if kw.get("kv_lens") is not None:
-        kw["kv_lens"] = [min(n, sh.len_k) for n in kw["kv_lens"]]
+    for feature in FEATURES:
+        if feature.per_batch and kw.get(feature.name) is not None:
+            kw[feature.name] = [min(n, sh.len_k) for n in kw[feature.name]]
 
 
 def _tile(mask: torch.Tensor, sq: int, sk: int) -> torch.Tensor:
@@ -258,10 +261,11 @@ def _feature_probes(make, sq, sk, d):
     yield "mqa", make("mqa", shape(2, 2, 1, sq, sk, d)), {}
     yield "causal_top_left", make("causal", plain, causal="top_left"), {}
     yield "causal_bottom_right", make("causal", plain, causal="bottom_right"), {}
-    yield "window", make("window", plain, window=(8, 0)), {}
-    yield "kv_lens", make("kv_lens", plain, kv_lens=[sk, sk // 2]), {}
+    for feature in FEATURES:  # window, kv_lens, softcap, chunk_size, prefix_lens, ...: their own examples
+        example = feature.example(plain)
+        if example is not None:
+            yield feature.name, make(feature.name, plain, **example), {}
     yield "attn_mask", make("attn_mask", plain, attn_mask=random_attn_mask(gen, plain)), {}
-    yield "softcap", make("softcap", plain, softcap=20.0), {}
     yield "dropout", make("dropout", plain, dropout_p=0.25), {}
     yield "dropout_replay", make("dropout replay", plain, dropout_p=0.25,
                                  dropout_mask=random_dropout_mask(gen, plain, 0.25)), {}

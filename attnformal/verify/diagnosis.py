@@ -19,12 +19,14 @@ for a bare observation) with a weight; :func:`summarise` ranks the classes over 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import torch
 
-from attnformal.masks import MaskGeometry, key_interval
+from attnformal.features import FEATURES, with_role
+from attnformal.masks import MaskGeometry
 from attnformal.oracle import oracle_from_spec
 from attnformal.spec import AttentionSpec
 
@@ -53,9 +55,7 @@ BUG_CLASSES = {c.id: c for c in (
     BugClass("ragged_block", "the last, partial key block is read past the end as zeros that enter the softmax "
                              "(no bounds mask)"),
     BugClass("causal_alignment", "the causal mask is aligned top-left where bottom-right was asked (or the reverse)"),
-    BugClass("causal_off_by_one", "the causal boundary is off by one key"),
-    BugClass("window_off_by_one", "a sliding-window boundary is off by one key"),
-    BugClass("kv_lens_ignored", "per-batch key lengths (kv_lens) are not applied"),
+    *(BugClass(*f.edge_bug) for f in FEATURES if f.edge_bug is not None),  # a mask feature's edge
     BugClass("mask_wrong", "the mask admits or excludes keys it should not"),
     BugClass("gqa_head_mapping", "query heads read the wrong KV head (GQA mapping, e.g. h % Hkv instead of "
                                  "h // (Hq / Hkv))"),
@@ -250,7 +250,7 @@ def _mutants(case, backward: bool):
                lambda: _reference_of(q, k[:, modulo], v[:, modulo], grad_out, **kw))
     if spec.batch > 1:
         first = torch.zeros(spec.batch, dtype=torch.long)
-        kw0 = {**kw, "kv_lens": None if spec.kv_lens is None else [spec.kv_lens[0]] * spec.batch}
+        kw0 = {**kw, **{f.name: [getattr(spec, f.name)[0]] * spec.batch for f in _per_batch(spec)}}
         yield ("batch_indexing", "every batch reads K and V of batch 0",
                lambda: _reference_of(q, k[first], v[first], grad_out, **kw0))
         yield ("batch_indexing", "every batch reads Q, K and V of batch 0",
@@ -265,6 +265,11 @@ def _mutants(case, backward: bool):
     if spec.kv_lens is not None:
         yield ("kv_lens_ignored", "kv_lens was ignored",
                lambda: _reference_of(q, k, v, grad_out, **{**kw, "kv_lens": None}))
+    for f in _per_batch(spec) if spec.batch > 1 else ():
+        rolled = [*getattr(spec, f.name)[1:], getattr(spec, f.name)[0]]
+        if f.edge_bug is not None and rolled != list(getattr(spec, f.name)):
+            yield (f.edge_bug[0], f"batch b was given {f.name} of batch b + 1",
+                   functools.partial(_reference_of, q, k, v, grad_out, **{**kw, f.name: rolled}))
     yield from _score_state_mutants(spec, q, k, v, grad_out, kw)
     if _mask_free(kw) and kw.get("bias") is None and kw.get("alibi_slopes") is None:  # zero keys appended
         for block in COMMON_BLOCKS:  # would need bias columns and would move ALiBi's alignment
@@ -302,8 +307,13 @@ def _top_left_alibi(spec, kw) -> dict:
     return {**kw, "alibi_slopes": None, "bias": bias}
 
 
+def _per_batch(spec: AttentionSpec):
+    """The active features with one value per batch element (kv_lens, prefix_lens, ...)."""
+    return [f for f in FEATURES if f.per_batch and f.active(getattr(spec, f.name))]
+
+
 def _mask_free(kw) -> bool:
-    return not any(kw.get(name) is not None for name in ("causal", "window", "kv_lens", "attn_mask"))
+    return not any(f.active(kw.get(f.name)) for f in with_role("interval", "length", "data"))
 
 
 def _padded_reference(q, k, v, grad_out, kw, block):
@@ -387,50 +397,64 @@ def support_findings(p_impl: torch.Tensor, case) -> tuple[list[str], list[Findin
     edge, n = max(counts.items(), key=lambda item: item[1])
     texts.append("violations by boundary: " + ", ".join(f"{k}: {v}" for k, v in counts.items() if v))
     if n >= 0.9 * total and edge != "elsewhere":
-        bug = {"causal": "causal_off_by_one", "window": "window_off_by_one", "kv_lens": "kv_lens_ignored"}[
-            edge.split()[0]]
+        bug = next(f.edge_bug[0] for f in FEATURES if f"{f.name} edge" == edge)
         how = "admits keys beyond" if extra.sum() >= missing.sum() else "drops the last keys inside"
         return texts, [finding(bug, STRONG, f"the mask {how} the {edge} ({n} positions), nowhere else")]
     return texts, [finding("mask_wrong", PATTERN, f"{texts[0]}, not next to one boundary")]
 
 
 def _edge_counts(extra, missing, spec: AttentionSpec) -> dict[str, int]:
-    """How many violations sit one key past / on each boundary of each row's allowed interval."""
-    counts = {"causal edge": 0, "window edge": 0, "kv_lens edge": 0, "elsewhere": 0}
+    """How many violations sit one key past / on each boundary of each row's allowed interval, by the
+    mask feature that sets that boundary (:func:`_edge_owners`); keys past the length count for it."""
+    owners = [f.name for f in FEATURES if f.edge_bug is not None]
+    length = next(f.name for f in with_role("length") if f.edge_bug is not None)
+    counts = {**{f"{name} edge": 0 for name in owners}, "elsewhere": 0}
     j = torch.arange(spec.len_k)
     i = torch.arange(spec.len_q)[:, None]
     for b in range(spec.batch):
         g = spec.geometry(b)
-        lo, hi = (torch.as_tensor(x).expand(spec.len_q, 1) for x in key_interval(i, g))
-        owners_hi = _upper_owner(i, g)
+        (lo, lo_owner), (hi, hi_owner) = _edge_owners(i, g, owners, owners.index(length))
         bad_extra, bad_missing = extra[b], missing[b]  # [Hq, Sq, Sk]
         beyond = j[None, :] >= g.len_k
         near_hi = ((j[None, :] == hi + 1) & bad_extra) | ((j[None, :] == hi) & bad_missing)
-        near_lo = ((j[None, :] == lo - 1) & bad_extra) | ((j[None, :] == lo) & bad_missing)
+        near_lo = (((j[None, :] == lo - 1) & bad_extra) | ((j[None, :] == lo) & bad_missing)) & ~near_hi
         kv = bad_extra & beyond
-        for owner in ("causal", "window", "kv_lens"):
-            rows = torch.tensor([o == owner for o in owners_hi])[None, :, None]
-            counts[f"{owner} edge"] += int((near_hi & rows & ~kv).sum())
-        counts["window edge"] += int((near_lo & ~near_hi).sum())
-        counts["kv_lens edge"] += int(kv.sum())
+        for code, name in enumerate(owners):
+            counts[f"{name} edge"] += int((near_hi & (hi_owner == code) & ~kv).sum())
+            counts[f"{name} edge"] += int((near_lo & (lo_owner == code) & ~kv).sum())
+        counts[f"{length} edge"] += int(kv.sum())
         counts["elsewhere"] += int(((bad_extra | bad_missing) & ~near_hi & ~near_lo & ~kv).sum())
     return counts
 
 
-def _upper_owner(i, g: MaskGeometry) -> list[str]:
-    """Per row, the rule that sets its last allowed key: 'causal', 'window' or 'kv_lens' (the length)."""
-    rows = i.flatten().tolist()
-    owners = []
-    for row in rows:
-        candidates = [(g.len_k - 1, "kv_lens")]
-        if g.causal == "top_left":
-            candidates.append((row, "causal"))
-        elif g.causal == "bottom_right":
-            candidates.append((row + g.offset, "causal"))
-        if g.window is not None and g.window[1] >= 0:
-            candidates.append((row + g.offset + g.window[1], "window"))
-        owners.append(min(candidates, key=lambda c: (c[0], c[1] == "kv_lens"))[1])
-    return owners
+UNBOUNDED = 2**62  # an interval end no feature reaches: what a feature's narrowing of it leaves is its own bound
+
+
+def _edge_owners(i, g: MaskGeometry, owners: list[str], length: int):
+    """``((lo, owner), (hi, owner))`` per row ``i`` (``[Sq, 1]``; owner: an index into ``owners``, -1 for
+    none): the key interval narrowed by the spec's own mask features one at a time, as
+    :func:`attnformal.masks.key_interval` does, and the feature whose own bound is each end. The upper
+    end starts as the key length's (``length``) and the lower end as nobody's; on a tie an end stays with
+    the earlier feature, except that the first feature to reach the start value takes it over."""
+    lo, hi = torch.zeros_like(i), torch.full_like(i, g.len_k - 1)
+    lo_owner, hi_owner = torch.full_like(i, -1), torch.full_like(i, length)
+    start_lo, start_hi = lo_owner.clone(), hi_owner.clone()
+    for f in with_role("interval"):
+        value = g.values.get(f.name)
+        if not f.active(value):
+            continue
+        new_lo, new_hi = (torch.as_tensor(x).expand_as(i) for x in f.narrow(i, lo, hi, value, g))
+        if f.name not in owners:  # a feature with no edge of its own: the ends move, their owners stay
+            lo, hi = new_lo, new_hi
+            continue
+        own_lo = torch.as_tensor(f.narrow(i, torch.full_like(i, -UNBOUNDED), hi, value, g)[0]).expand_as(i)
+        own_hi = torch.as_tensor(f.narrow(i, lo, torch.full_like(i, UNBOUNDED), value, g)[1]).expand_as(i)
+        code = owners.index(f.name)
+        takes_hi = (new_hi > hi) | ((own_hi == new_hi) & ((new_hi < hi) | (hi_owner == start_hi)))
+        takes_lo = (own_lo == new_lo) & ((new_lo > lo) | (lo_owner == start_lo))
+        hi_owner, lo_owner = torch.where(takes_hi, code, hi_owner), torch.where(takes_lo, code, lo_owner)
+        lo, hi = new_lo, new_hi
+    return (lo, lo_owner), (hi, hi_owner)
 
 
 # ---------------------------------------------------------------- the verdict of a run

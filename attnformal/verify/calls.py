@@ -91,6 +91,13 @@ def call(impl, case, *, lse=False, backward=False, watch=None) -> Observed:
         grads = _backward(out, leaves, case.grad_out, kwargs) if backward else ()
     except NotImplementedError as err:
         raise Unsupported(case_features(case, lse=lse, backward=backward), str(err) or "NotImplementedError") from None
+    except TypeError as err:
+        keyword = _unknown_feature_keyword(err, kwargs)
+        if keyword is None:
+            raise ContractError(f"raised TypeError: {err}") from None
+        # An implementation written before a feature existed does not take its keyword: unsupported, not broken.
+        raise Unsupported(case_features(case, lse=lse, backward=backward),
+                          f"does not take the keyword {keyword!r} ({err})") from None
     except ContractError:
         raise
     except SystemExit as err:  # the battery must outlive a kernel that exits: a broken contract, not the end
@@ -104,6 +111,14 @@ def call(impl, case, *, lse=False, backward=False, watch=None) -> Observed:
     observed = Observed(out.detach(), None if out_lse is None else out_lse.detach(), *grads)
     _check_contract(case, observed)
     return observed
+
+
+def _unknown_feature_keyword(err: TypeError, kwargs: dict) -> str | None:
+    """The registered feature keyword of the call that ``err`` says is unexpected, if any."""
+    for name in kwargs:
+        if f"unexpected keyword argument '{name}'" in str(err) and any(f.name == name for f in REGISTERED):
+            return name
+    return None
 
 
 def _unpack(result, want_lse):

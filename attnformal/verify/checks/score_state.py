@@ -62,7 +62,7 @@ def _with_closed_form(run, case, **values):
 @check("hand.sinks")
 def sink_closed_forms(run):
     """One key and a sink: out = v e^s / (e^s + e^sink), lse = log(e^s + e^sink); no key: out 0, lse = sink."""
-    case = _case(run, "one key + sink, batch 0 has no key", shape(2, 2, 2, 5, 1, 16), scale=1.0, kv_lens=[0, 1],
+    case = _case(run, "one key + sink, batch 0 has no key", shape(2, 2, 2, 6, 1, 16), scale=1.0, kv_lens=[0, 1],
                  tensors=lambda sh, gen: {"sinks": randn(gen, sh.heads_q)})
     spec = case.spec
     q, k, v = (t.double().cpu() for t in (case.q, case.k, case.v))

@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 
 from attnformal.oracle import attention_oracle
@@ -121,8 +122,6 @@ def test_float64_computed_in_float32_is_no_gradient_bug():
 def test_an_implementation_that_does_not_take_a_feature_keyword_is_unsupported_not_broken():
     """Written before sinks existed, a kernel rejects the keyword with TypeError: the case is unsupported.
     Any other TypeError stays a broken contract (the negative control)."""
-    import pytest
-
     from attnformal.verify.calls import ContractError, Unsupported, call
 
     case = random_case("sinks", shape(1, 2, 2, 4, 5, 8), torch.float32, "cpu", 0,

@@ -92,12 +92,12 @@ def call(impl, case, *, lse=False, backward=False, watch=None) -> Observed:
     except NotImplementedError as err:
         raise Unsupported(case_features(case, lse=lse, backward=backward), str(err) or "NotImplementedError") from None
     except TypeError as err:
-        keyword = _unknown_feature_keyword(err, kwargs)
-        if keyword is None:
+        unknown = _unknown_feature(err, case)
+        if unknown is None:
             raise ContractError(f"raised TypeError: {err}") from None
-        # An implementation written before a feature existed does not take its keyword: unsupported, not broken.
+        # An implementation written before a feature existed has no keyword for it: that is a refusal.
         raise Unsupported(case_features(case, lse=lse, backward=backward),
-                          f"does not take the keyword {keyword!r} ({err})") from None
+                          f"takes no keyword {unknown!r} (raised TypeError: {err})") from None
     except ContractError:
         raise
     except SystemExit as err:  # the battery must outlive a kernel that exits: a broken contract, not the end
@@ -113,10 +113,11 @@ def call(impl, case, *, lse=False, backward=False, watch=None) -> Observed:
     return observed
 
 
-def _unknown_feature_keyword(err: TypeError, kwargs: dict) -> str | None:
-    """The registered feature keyword of the call that ``err`` says is unexpected, if any."""
-    for name in kwargs:
-        if f"unexpected keyword argument '{name}'" in str(err) and any(f.name == name for f in REGISTERED):
+def _unknown_feature(err: TypeError, case) -> str | None:
+    """The protocol feature keyword of ``case`` that a TypeError says the implementation does not take."""
+    text = str(err)
+    for name in case.kwargs:
+        if name in {f.name for f in REGISTERED} and f"unexpected keyword argument '{name}'" in text:
             return name
     return None
 

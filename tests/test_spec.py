@@ -48,6 +48,14 @@ BAD_CALLS = [
     ("bias", dict(bias=torch.zeros(5, 7, dtype=torch.bool)), "a floating tensor"),
     ("bias", dict(bias=torch.full((5, 7), math.nan)), "finite values"),
     ("bias", dict(bias=torch.full((5, 7), -math.inf)), "mask pairs with attn_mask"),
+    ("chunk_size", dict(chunk_size=0), "an int >= 1"),
+    ("chunk_size", dict(chunk_size=2.0), "an int >= 1"),
+    ("chunk_size", dict(chunk_size=True), "an int >= 1"),
+    ("prefix_lens", dict(prefix_lens=[3], causal="top_left"), "2 ints"),
+    ("prefix_lens", dict(prefix_lens=[3, 8], causal="top_left"), "lengths in [0, Sk=7]"),
+    ("prefix_lens", dict(prefix_lens=[3, 2]), "a causal mode with it"),
+    ("prefix_lens", dict(prefix_lens=[3, 2], causal="top_left", window=(2, 0)), "no window and no chunk_size"),
+    ("prefix_lens", dict(prefix_lens=[3, 2], causal="bottom_right", chunk_size=4), "no window and no chunk_size"),
 ]
 
 

@@ -7,7 +7,8 @@ so that a test can register a dummy feature for a while (:func:`registered`).
 
 from __future__ import annotations
 
-from attnformal.features import alibi, attn_mask, bias, causal, chunk, dropout, kv_lens, sinks, softcap, window
+from attnformal.features import (alibi, attn_mask, bias, causal, chunk, dropout, kv_lens, prefix, sinks, softcap,
+                                 window)
 from attnformal.features.base import Feature, Problem, refuse_unsupported, registered
 
 FEATURES: list[Feature] = [
@@ -15,6 +16,7 @@ FEATURES: list[Feature] = [
     window.FEATURE,
     chunk.FEATURE,
     kv_lens.FEATURE,
+    prefix.FEATURE,  # after causal, window and chunk_size: its validation reads them
     attn_mask.FEATURE,
     softcap.FEATURE,
     dropout.DROPOUT_P,

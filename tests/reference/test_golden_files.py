@@ -212,3 +212,31 @@ def test_a_golden_file_carries_sinks_alibi_and_bias_and_their_gradients(tmp_path
     assert report.passed and {t.name for t in report.tensors} >= {"dsinks", "dbias"}, report
     without_sinks = run_check(case, lambda *a, sinks=None, **kw: attention(*a, **kw))
     assert not without_sinks.passed
+
+
+BROKEN_CHUNK_IMPL = '''
+from attnformal.kernels.torch_tiled import attention
+
+def no_chunk(q, k, v, *, chunk_size=None, **kwargs):
+    """A kernel bug: the chunk is dropped."""
+    return attention(q, k, v, **kwargs)
+'''
+
+
+@pytest.mark.parametrize("flags, stored", [
+    (["--chunk-size", "7", "--causal", "bottom_right", "--kv-lens", "23,17"], {"chunk_size": 7}),
+    (["--prefix-lens", "0,23", "--causal", "top_left"], {"prefix_lens": [0, 23]}),
+], ids=["chunk", "prefix"])
+def test_golden_files_carry_the_chunk_and_the_prefix(tmp_path, capsys, flags, stored):
+    """reference generate takes each feature's flag, the file stores it, check replays it: torch-tiled passes,
+    a kernel that drops the feature fails (the negative control)."""
+    path = tmp_path / "case.npz"
+    assert main(["generate", "--shape", "2,2,1,19,23,8", "--dtype", "fp32", "--seed", "3", "--out", str(path),
+                 *flags]) == 0
+    case = golden.load(path)
+    assert {name: case.meta["spec"][name] for name in stored} == stored
+    assert main(["check", str(path), "--impl", "attnformal.kernels.torch_tiled:attention"]) == 0
+    broken = tmp_path / "broken.py"
+    broken.write_text(BROKEN_CHUNK_IMPL.replace("chunk_size=None", f"{next(iter(stored))}=None"))
+    assert main(["check", str(path), "--impl", f"{broken}:no_chunk"]) == 1
+    capsys.readouterr()

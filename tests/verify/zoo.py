@@ -55,6 +55,7 @@ ZOO = [
     Specimen("scale_ignored", "scale_ignored", "the scale argument is ignored (1/sqrt(D) always)"),
     Specimen("kv_lens_ignored", "kv_lens_ignored", "kv_lens is ignored"),
     Specimen("chunk_off_by_one", "chunk_off_by_one", "chunks start one key late (key j in chunk (j - 1) // C)"),
+    Specimen("prefix_wrong_batch", "prefix_wrong", "batch b uses the prefix length of batch b + 1"),
     Specimen("strides_ignored", "strides_ignored", "inputs are read as if contiguous"),
     Specimen("input_mutation", "input_mutation", "q is pre-scaled in place"),
     Specimen("dropout_rate", "dropout_rate", "keeps with probability p instead of 1 - p"),
@@ -86,11 +87,12 @@ def specimen_impl(bug: str):
 
 
 def attention(q, k, v, *, scale=None, causal=None, window=None, attn_mask=None, kv_lens=None, softcap=None,
-              dropout_p=0.0, dropout_mask=None, chunk_size=None, sinks=None, alibi_slopes=None, bias=None,
-              return_lse=False, bug=None):
+              dropout_p=0.0, dropout_mask=None, chunk_size=None, prefix_lens=None, sinks=None, alibi_slopes=None,
+              bias=None, return_lse=False, bug=None):
     spec = AttentionSpec.from_inputs(q, k, v, scale=scale, causal=causal, window=window, attn_mask=attn_mask,
                                      kv_lens=kv_lens, softcap=softcap, dropout_p=dropout_p, dropout_mask=dropout_mask,
-                                     chunk_size=chunk_size, sinks=sinks, alibi_slopes=alibi_slopes, bias=bias)
+                                     chunk_size=chunk_size, prefix_lens=prefix_lens, sinks=sinks,
+                                     alibi_slopes=alibi_slopes, bias=bias)
     if bug == "strides_ignored":
         q, k, v = (t.as_strided(t.shape, torch.empty(t.shape).stride()) for t in (q, k, v))
     if bug == "input_mutation":
@@ -141,10 +143,12 @@ def _allowed(spec, bug, width, device):
         if bug != "ragged_block" or spec.kv_lens is not None:
             ok &= j < n
         extra = 1 if bug == "causal_off_by_one" else 0
+        prefix = 0 if spec.prefix_lens is None else \
+            spec.prefix_lens[(b + 1) % spec.batch if bug == "prefix_wrong_batch" else b]  # keys everyone sees
         if spec.causal == "top_left" or (spec.causal == "bottom_right" and bug == "causal_alignment"):
-            ok &= j <= i + extra
+            ok &= (j <= i + extra) | (j < prefix)
         elif spec.causal == "bottom_right":
-            ok &= j <= i + offset + extra
+            ok &= (j <= i + offset + extra) | (j < prefix)
         if spec.window is not None:
             left, right = spec.window
             if left >= 0:

@@ -40,8 +40,8 @@ class Feature:
     ANDed on top: a tile under it is never FULL), ``"scores"`` (:meth:`modify_scores`),
     ``"bias"`` (an additive score bias that depends on the batch element, head and position:
     :meth:`score_bias`, added after the ``"scores"`` features), ``"state"`` (a change of the
-    softmax state: the sink, see :mod:`attnformal.features.sinks`) or ``"dropout"``. ``per_batch``: the value is one entry per batch element, and a geometry takes
-    element ``b``. ``tensor``: the value is data (out of equality and JSON; travels as an array).
+    softmax state: the sink, see :mod:`attnformal.features.sinks`) or ``"dropout"``. ``per_batch``:
+    the value is one entry per batch element, and a geometry takes element ``b``. ``tensor``: the value is data (out of equality and JSON; travels as an array).
     """
 
     name: str = ""

@@ -103,6 +103,14 @@ def _sdpa(backend_name, spec, q, k, v, return_lse):
     mask = None
     if not native_causal and _masked(spec):
         mask = spec.allowed(q.device)
+    bias = spec.score_bias(torch.arange(spec.batch, device=q.device), slice(0, spec.len_q), slice(0, spec.len_k),
+                           q.dtype)
+    if bias is not None:  # SDPA adds a float attn_mask to the scaled scores: ALiBi and bias go in there
+        allowed = mask if mask is not None else torch.ones((), dtype=torch.bool, device=q.device)
+        if native_causal:
+            allowed = allowed & spec.allowed(q.device)
+            native_causal = False  # SDPA takes is_causal or attn_mask, not both
+        mask = bias.masked_fill(~allowed, float("-inf"))
     pinned = contextlib.nullcontext() if backend_name is None else sdpa_kernel(getattr(SDPBackend, backend_name))
     # A backend that refuses the inputs says why in warnings; they become the unsupported reason.
     with pinned, warnings.catch_warnings(record=True) as reasons:
@@ -118,7 +126,7 @@ def _sdpa(backend_name, spec, q, k, v, return_lse):
             raise NotImplementedError(f"SDPA {backend_name} backend refuses these inputs: {why}") from None
 
 
-SDPA_SUPPORTS = DENSE_MASKS | {"dropout_p"}  # no softcap; its dropout draws its own mask
+SDPA_SUPPORTS = DENSE_MASKS | {"dropout_p", "alibi_slopes", "bias"}  # no softcap, no sinks; its own dropout mask
 sdpa = adapter(SDPA_SUPPORTS)(functools.partial(_sdpa, None))
 sdpa_math = adapter(SDPA_SUPPORTS)(functools.partial(_sdpa, "MATH"))
 sdpa_flash = adapter(SDPA_SUPPORTS)(functools.partial(_sdpa, "FLASH_ATTENTION"))

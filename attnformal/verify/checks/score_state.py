@@ -3,10 +3,10 @@
 * A sink is a logit in the denominator with no value: with one key the output is
   ``v e^s / (e^s + e^sink)`` and lse ``log(e^s + e^sink)``; with no key, out 0 and lse = sink;
   with every value 0 the output is exactly 0 whatever the sink (a sink given a value shows).
-* ALiBi (flash-attention's alignment, bottom-right with the batch's own key length) and the
-  bias against the reference, Sq < Sk and Sq > Sk, with kv_lens, causal and softcap; lse too,
-  so a sink left out of lse or an ALiBi of the wrong sign or alignment is explained by the
-  diagnosis's mutant problems.
+* Sinks against the reference with lse (a sink left out of lse is explained by a mutant
+  problem); ALiBi (flash-attention's alignment, bottom-right with the batch's own key length)
+  and the bias on the output alone (so a library without lse is judged too), Sq < Sk and
+  Sq > Sk, with kv_lens, causal and softcap; a wrong sign or alignment is a mutant problem.
 * Gradients: dQ, dK, dV and d sinks, d bias against the reference.
 * Relations of the implementation with itself: a sink of -inf is no sink; ALiBi with slope 0 is
   no ALiBi; a bias constant along each row leaves out unchanged and shifts lse by it.
@@ -100,7 +100,7 @@ def sinks(run):
 
 @check("fwd.alibi")
 def alibi(run):
-    """ALiBi slopes [Hq] and [B, Hq], Sq < Sk and Sq > Sk, with kv_lens, causal and softcap; lse too."""
+    """ALiBi slopes [Hq] and [B, Hq], Sq < Sk and Sq > Sk, with kv_lens, causal and softcap (lse: the relations)."""
     for name, sh, kw, per_batch in [
         ("alibi Sq < Sk", shape(2, 4, 4, 24, 61, 32), {}, False),
         ("alibi Sq > Sk", shape(2, 2, 2, 50, 21, 32), {}, False),
@@ -110,12 +110,12 @@ def alibi(run):
     ]:
         case = _case(run, name, sh, tensors=lambda sh, gen, pb=per_batch: {"alibi_slopes": _slopes(sh, gen, pb)},
                      **kw)
-        run.against_reference(case, lse=True)
+        run.against_reference(case)
 
 
 @check("fwd.bias")
 def bias(run):
-    """An additive bias [B, Hq, Sq, Sk], [Hq, 1, Sk] and [Sq, Sk], with a causal mask and softcap; lse too."""
+    """An additive bias [B, Hq, Sq, Sk], [Hq, 1, Sk] and [Sq, Sk], with a causal mask and softcap."""
     for name, sh, kw, dims in [
         ("bias [B, Hq, Sq, Sk]", shape(2, 4, 2, 33, 47, 32), {}, lambda sh: (sh.batch, sh.heads_q, sh.len_q, sh.len_k)),
         ("bias [Hq, 1, Sk] + causal", shape(2, 2, 2, 40, 40, 32), {"causal": "top_left"},
@@ -123,7 +123,7 @@ def bias(run):
         ("bias [Sq, Sk] + softcap", shape(1, 2, 2, 20, 70, 32), {"softcap": 4.0}, lambda sh: (sh.len_q, sh.len_k)),
     ]:
         case = _case(run, name, sh, tensors=lambda sh, gen, dims=dims: {"bias": 2.0 * randn(gen, *dims(sh))}, **kw)
-        run.against_reference(case, lse=True)
+        run.against_reference(case)
 
 
 @check("bwd.sinks_alibi_bias")

@@ -769,8 +769,10 @@ def counterexample_case(proof: Proof, s: _Symbolic, impl: str, directory, *, max
 # ---------------------------------------------------------------------------- the executor
 
 
-def run_tiling(tiling: KernelTiling, q, k, v, *, scale=None, causal=None, window=None, attn_mask=None,
-               kv_lens=None, softcap=None, dropout_p=0.0, dropout_mask=None, return_lse=False):
+TILING_SUPPORTS = frozenset({"causal", "window", "kv_lens", "softcap"})  # the families a tiling describes
+
+
+def run_tiling(tiling: KernelTiling, q, k, v, *, scale=None, return_lse=False, **features):
     """The implementation protocol, computed with the tiling's own loop bounds and masking.
 
     The torch tiled loop: per (batch, KV head, packed query block), the tiles ``kv_blocks`` (or
@@ -778,12 +780,12 @@ def run_tiling(tiling: KernelTiling, q, k, v, *, scale=None, causal=None, window
     the spec's ``merge`` and ``finalize``. A key outside the tensor reads as NaN, as unguarded
     memory would; a skipped tile is simply missing. Differentiable (autograd of the forward).
     """
+    from attnformal.features import refuse_unsupported
     from attnformal.spec import AttentionSpec
 
-    spec = AttentionSpec.from_inputs(q, k, v, scale=scale, causal=causal, window=window, attn_mask=attn_mask,
-                                     kv_lens=kv_lens, softcap=softcap, dropout_p=dropout_p,
-                                     dropout_mask=dropout_mask)
+    spec = AttentionSpec.from_inputs(q, k, v, scale=scale, **features)
     _refuse_unsupported(tiling, spec)
+    refuse_unsupported(spec, TILING_SUPPORTS, type(tiling).__name__)  # a feature added since: never dropped
     out, lse = _tiled_forward(tiling, spec, q, k, v)
     return (out.to(q.dtype), lse) if return_lse else out.to(q.dtype)
 

@@ -41,7 +41,9 @@ def _kernels():
     def split(q, k, v, **kw):
         return torch_tiled(q, k, v, schedule=TileSchedule(block_m=16, block_n=16, num_splits=2), **kw)
 
-    out = {"torch-tiled": torch_tiled, "split-kv": split, "ring": ring}
+    from attnformal.tilings.fa2 import FA2Forward
+
+    out = {"torch-tiled": torch_tiled, "split-kv": split, "ring": ring, "tiling executor (FA2)": FA2Forward}
     try:
         from attnformal.kernels.triton_flash import attention as triton_flash
     except ImportError:

@@ -51,8 +51,8 @@ class PrefixLens(Feature):
     def add_argument(self, parser):
         from attnformal import cli
 
-        parser.add_argument("--prefix-lens", action=cli.IntList, form="comma-separated ints, one prefix length per batch",
-                            metavar="P,...",
+        parser.add_argument("--prefix-lens", action=cli.IntList,
+                            form="comma-separated ints, one prefix length per batch", metavar="P,...",
                             help="prefix-LM: keys below prefix_lens[b] visible to every query (needs --causal)")
 
     def from_arguments(self, args):

@@ -54,4 +54,16 @@ class AlibiSlopes(Feature):
         return alibi_bias(i, j, slope, spec.len_q, len_k)
 
 
+    def add_argument(self, parser):
+        from attnformal import cli
+
+        parser.add_argument("--alibi-slopes", action=cli.FloatList, metavar="X,...",
+                            form="comma-separated floats, one ALiBi slope per query head",
+                            help="ALiBi slope per query head (flash-attention)")
+
+    def from_arguments(self, args):
+        import torch
+
+        return None if args.alibi_slopes is None else torch.tensor(args.alibi_slopes, dtype=torch.float64)
+
 FEATURE = AlibiSlopes()

@@ -36,4 +36,16 @@ class Sinks(Feature):
         return value[h:h + 1]
 
 
+    def add_argument(self, parser):
+        from attnformal import cli
+
+        parser.add_argument("--sinks", action=cli.FloatList, metavar="X,...",
+                            form="comma-separated floats, one sink logit per query head (-inf: none)",
+                            help="sink logit per query head (-inf: none)")
+
+    def from_arguments(self, args):
+        import torch
+
+        return None if args.sinks is None else torch.tensor(args.sinks, dtype=torch.float64)
+
 FEATURE = Sinks()

@@ -41,7 +41,8 @@ class Feature:
     ``"bias"`` (an additive score bias that depends on the batch element, head and position:
     :meth:`score_bias`, added after the ``"scores"`` features), ``"state"`` (a change of the
     softmax state: the sink, see :mod:`attnformal.features.sinks`) or ``"dropout"``. ``per_batch``:
-    the value is one entry per batch element, and a geometry takes element ``b``. ``tensor``: the value is data (out of equality and JSON; travels as an array).
+    the value is one entry per batch element, and a geometry takes element ``b``. ``tensor``: the
+    value is data (out of equality and JSON; travels as an array).
     """
 
     name: str = ""

@@ -103,6 +103,14 @@ def _sdpa(backend_name, spec, q, k, v, return_lse):
     mask = None
     if not native_causal and _masked(spec):
         mask = spec.allowed(q.device)
+    bias = spec.score_bias(torch.arange(spec.batch, device=q.device), slice(0, spec.len_q), slice(0, spec.len_k),
+                           q.dtype)
+    if bias is not None:  # SDPA adds a float attn_mask to the scaled scores: ALiBi and bias go in there
+        allowed = mask if mask is not None else torch.ones((), dtype=torch.bool, device=q.device)
+        if native_causal:
+            allowed = allowed & spec.allowed(q.device)
+            native_causal = False  # SDPA takes is_causal or attn_mask, not both
+        mask = bias.masked_fill(~allowed, float("-inf"))
     pinned = contextlib.nullcontext() if backend_name is None else sdpa_kernel(getattr(SDPBackend, backend_name))
     # A backend that refuses the inputs says why in warnings; they become the unsupported reason.
     with pinned, warnings.catch_warnings(record=True) as reasons:
@@ -127,7 +135,7 @@ def _sdpa(backend_name, spec, q, k, v, return_lse):
 # configuration (torch 2.13 on an AMX CPU under ATEN_CPU_CAPABILITY=default or avx2).
 _TORCH_CANNOT_RUN_HERE = "pack_vnni2 is only supported when avx512 is supported"
 
-SDPA_SUPPORTS = DENSE_MASKS | {"dropout_p"}  # no softcap; its dropout draws its own mask
+SDPA_SUPPORTS = DENSE_MASKS | {"dropout_p", "alibi_slopes", "bias"}  # no softcap, no sinks; its own dropout mask
 sdpa = adapter(SDPA_SUPPORTS)(functools.partial(_sdpa, None))
 sdpa_math = adapter(SDPA_SUPPORTS)(functools.partial(_sdpa, "MATH"))
 sdpa_flash = adapter(SDPA_SUPPORTS)(functools.partial(_sdpa, "FLASH_ATTENTION"))
@@ -300,20 +308,26 @@ def xformers(spec, q, k, v, return_lse):
 # ---------------------------------------------------------------- torch_npu (Ascend)
 
 
-@adapter(DENSE_MASKS | {"dropout_p"})  # no softcap; it draws its own dropout mask
+# no softcap and no sinks (no such parameters); it draws its own dropout mask
+@adapter(DENSE_MASKS | {"dropout_p", "alibi_slopes", "bias"})
 def npu_fusion_attention(spec, q, k, v, return_lse):
     """torch_npu.npu_fusion_attention in BNSD layout.
 
     Its ``scale`` defaults to 1 (so the spec's scale is always passed) and its mask is True
     where attention is *forbidden*. Causal and window masks use the sparse mode that
     :func:`attnformal.npu.npu_mask_args` maps them to (proven by the prover); explicit masks and
-    per-batch lengths, or a geometry it does not map, go in whole (sparse mode 1).
+    per-batch lengths, or a geometry it does not map, go in whole (sparse mode 1). ALiBi and the
+    bias go in as ``pse`` with ``pse_type = 0`` (:func:`attnformal.npu.npu_pse`).
     """
+    from attnformal.npu import NPU_PSE_TYPE, npu_pse
+
     torch_npu = _optional("torch_npu")
     sparse_mode, pre_tokens, next_tokens, forbidden = _npu_mask(spec, q.device)
+    pse = npu_pse(spec, q.device, q.dtype)
+    position = {} if pse is None else {"pse": pse, "pse_type": NPU_PSE_TYPE}
     outputs = torch_npu.npu_fusion_attention(q, k, v, spec.heads_q, "BNSD", atten_mask=forbidden, scale=spec.scale,
                                              keep_prob=1.0 - spec.dropout_p, pre_tockens=pre_tokens,
-                                             next_tockens=next_tokens, sparse_mode=sparse_mode)
+                                             next_tockens=next_tokens, sparse_mode=sparse_mode, **position)
     out, softmax_max, softmax_sum = outputs[:3]
     if not return_lse:
         return out

@@ -118,6 +118,25 @@ class IntList(argparse.Action):
         setattr(namespace, self.dest, ints)
 
 
+class FloatList(argparse.Action):
+    """``nargs="+"`` floats (``inf``, ``-inf`` included), separated by spaces and/or commas; ``count``: the
+    accepted length (None: any); ``form`` is what the error message says was expected."""
+
+    def __init__(self, option_strings, dest, *, form="floats", count=None, **kwargs):
+        self.form, self.count = form, count
+        super().__init__(option_strings, dest, nargs="+", **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        try:
+            floats = [float(part) for part in split_list(values)]
+        except ValueError:
+            floats = None
+        wrong_count = floats is not None and self.count is not None and len(floats) != self.count
+        if floats is None or any(math.isnan(x) for x in floats) or wrong_count:
+            raise argparse.ArgumentError(self, f"expected {self.form}, got {' '.join(values)!r}")
+        setattr(namespace, self.dest, floats)
+
+
 def number(*, minimum: float = -math.inf, above: float | None = None, maximum: float = math.inf,
            what: str | None = None):
     """An argparse ``type``: a finite float ``>= minimum`` (or ``> above``) and ``<= maximum``;

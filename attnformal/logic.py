@@ -427,7 +427,8 @@ def _decide_identity(lhs, rhs, rng: random.Random):
 
 def _search_counterexample(lhs, rhs, rng: random.Random, tries: int = 20):
     """A point where lhs and rhs differ by a relative gap that survives doubling the precision."""
-    symbols = sorted((lhs - rhs).free_symbols, key=str)
+    # Both sides' symbols: one that cancels in lhs - rhs must still get a value to evaluate either side.
+    symbols = sorted(lhs.free_symbols | rhs.free_symbols, key=str)
     for attempt in range(tries):
         point = {s: _sample(s, rng, magnitude=10 ** (3 * (attempt // 7))) for s in symbols}
         if all(_differ(lhs, rhs, point, digits) for digits in (50, 100)):

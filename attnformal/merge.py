@@ -10,6 +10,12 @@ and the answer is ``out = acc / l``, ``lse = m + log l``. Merging the states of 
 disjoint key sets gives the state of their union, so a kernel may fold tiles in any
 order, split the keys across programs or devices, and merge the partial states.
 
+An attention **sink** (a per-head logit that joins the denominator and carries no value) is one
+more state, :func:`sink_state` ``(sink, 1, 0)``: the kernels merge it into the row state (they
+start the fold from it), so every law above carries over and nothing else changes. A row with
+no allowed key then finalises to ``out = 0`` and ``lse = sink``; a sink of ``-inf`` merges as
+the identity (no sink).
+
 Kernels compute each tile with :func:`block_state` and fold it with :func:`merge`; split-KV
 combines partial states with the same :func:`merge`; :func:`finalize` produces the output.
 The prover checks exactly these functions (on SymPy, Z3 real and Z3 IEEE terms).
@@ -63,6 +69,15 @@ def merge(a: SoftmaxState, b: SoftmaxState) -> SoftmaxState:
     return SoftmaxState(m, alpha * a.l + beta * b.l, alpha * a.acc + beta * b.acc)
 
 
+def sink_state(sink) -> SoftmaxState:
+    """The state of a sink logit: the key set of one score ``sink`` whose value is 0.
+
+    ``l = exp(sink - sink) = 1`` and ``acc = 0`` (scalars: they broadcast against the row
+    state they are merged into). Dropout does not apply to it: it has no value to drop.
+    """
+    return SoftmaxState(sink, 1.0, 0.0)
+
+
 def finalize(state: SoftmaxState):
     """``(out, lse)``; a row that saw no allowed key gives ``out = 0`` and ``lse = -inf``."""
     seen = state.l > 0
@@ -81,3 +96,11 @@ def empty_state(rows: tuple[int, ...], head_dim_v: int, *, dtype, device=None) -
         torch.zeros((*rows, 1), dtype=dtype, device=device),
         torch.zeros((*rows, head_dim_v), dtype=dtype, device=device),
     )
+
+
+def initial_state(empty: SoftmaxState, sinks=None) -> SoftmaxState:
+    """The state a row's fold starts from: the identity ``empty``, merged with the sink state if any.
+
+    ``sinks``: None, or the sink logit of each row, shaped like ``empty.m``.
+    """
+    return empty if sinks is None else merge(empty, sink_state(sinks))

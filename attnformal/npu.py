@@ -28,6 +28,18 @@ With ``offset = len_k - len_q``, key ``j`` is kept for query ``i`` (both in rang
 
 Obligation 9 proves, for all lengths below ``2**31`` (the NPU's int32 lengths), that
 :func:`npu_keeps` with the arguments of :func:`npu_mask_args` is the spec's ``may_attend``.
+
+Score bias (``pse``). The MindSpeed ``fusion_attention`` interface document (docs/zh/ops/
+fusion_attention.md) and MindSpore's ``speed_fusion_attention`` reference state two formulas:
+``pse_type = 1`` (the default) gives ``Softmax(Mask(scale * (pse + q k^T)))``, any other valid
+value ``Softmax(Mask(scale * q k^T + pse))``; ops-transformer's ``pse.h`` names 0
+``PSE_OUTER_MUL_ADD_TYPE`` (an outer pse added after the scale). ``pse`` is 4-D: ``BNSS``,
+``BN1Skv`` or ``1NSS``, in the dtype of q (FLOAT16/BFLOAT16; older pages also FLOAT). So the
+spec's additive score bias (ALiBi's and ``bias``, without softcap: the NPU has none) is
+:func:`npu_pse` with ``pse_type = 0``, exactly for float32 inputs and rounded once to q's dtype
+otherwise. Not mapped: ``pse_type = 2, 3`` (ALiBi generated inside from float32 slopes with
+``q_start_idx``/``kv_start_idx``: the documents do not state the distance's alignment), and
+attention sinks -- npu_fusion_attention has no parameter for a logit without a value.
 """
 
 from __future__ import annotations
@@ -104,3 +116,16 @@ def npu_mask_args(g: MaskGeometry):
     pre = ops.where(left < 0, INT_MAX, left)
     following = 0 if g.causal == "bottom_right" else ops.where(right < 0, INT_MAX, right)
     return 4, pre, following
+
+
+NPU_PSE_TYPE = 0  # PSE_OUTER_MUL_ADD_TYPE: scale * q k^T + pse
+
+
+def npu_pse(spec, device, dtype):
+    """The spec's additive score bias (ALiBi and ``bias``) as npu_fusion_attention's ``pse``
+    ``[B, N, Sq, Sk]`` in ``dtype``, for ``pse_type = NPU_PSE_TYPE``; None when there is none."""
+    import torch
+
+    bias = spec.score_bias(torch.arange(spec.batch, device=device), slice(0, spec.len_q), slice(0, spec.len_k),
+                           torch.float64 if dtype == torch.float64 else torch.float32)
+    return None if bias is None else bias.to(dtype).contiguous()

@@ -13,7 +13,7 @@ from attnformal.features import FEATURES, refuse_unsupported
 from attnformal.spec import AttentionSpec
 
 # The parts a feature can play that the dense computation below knows how to compute.
-ORACLE_ROLES = ("interval", "length", "data", "scores", "dropout")
+ORACLE_ROLES = ("interval", "length", "data", "scores", "bias", "state", "dropout")
 
 
 def attention_oracle(q, k, v, *, scale=None, return_lse=False, **features):
@@ -21,8 +21,9 @@ def attention_oracle(q, k, v, *, scale=None, return_lse=False, **features):
 
     q ``[B, Hq, Sq, D]``, k ``[B, Hkv, Sk, D]``, v ``[B, Hkv, Sk, Dv]``. Returns ``out``
     ``[B, Hq, Sq, Dv]`` (and ``lse`` ``[B, Hq, Sq]`` when ``return_lse``), both float64.
-    Differentiable: gradients flow to q, k, v through autograd, zero for empty rows. Every
-    registered feature is a keyword (:mod:`attnformal.features`); the oracle computes them all.
+    Differentiable: gradients flow to q, k, v (zero for empty rows), ``sinks`` and ``bias``
+    through autograd. Every registered feature is a keyword (:mod:`attnformal.features`); the
+    oracle computes them all.
     """
     spec = AttentionSpec.from_inputs(q, k, v, scale=scale, **features)
     refuse_unsupported(spec, {f.name for f in FEATURES if f.role in ORACLE_ROLES}, "the fp64 oracle")
@@ -53,13 +54,22 @@ def oracle_probabilities(spec: AttentionSpec, q, k, dtype=torch.float64):
     q, k = q.to(dtype), k.to(dtype)[:, spec.kv_heads(q.device)]  # GQA by explicitly repeating K
     s = spec.scale * (q @ k.transpose(-1, -2))
     s = spec.modify_scores(s)
+    bias = spec.score_bias(torch.arange(spec.batch, device=q.device), slice(0, spec.len_q), slice(0, spec.len_k),
+                           dtype)
+    if bias is not None:
+        s = s + bias
     allowed = spec.allowed(q.device)
-    # Shift by the row max of allowed scores; an empty row may use any finite shift.
+    sink = None if spec.sinks is None else spec.sinks.to(dtype)[None, :, None, None]
+    # Shift by the row max of allowed scores and the sink; an empty row may use any finite shift.
     m = ops.rowmax(s.masked_fill(~allowed, float("-inf")))
+    if sink is not None:
+        m = torch.maximum(m, sink)
     m = torch.where(torch.isfinite(m), m, 0.0).detach()
     # Excluded entries take exp(0) in the discarded branch, so no inf or NaN reaches autograd.
     e = torch.where(allowed, torch.where(allowed, s - m, 0.0).exp(), 0.0)
     l = e.sum(dim=-1, keepdim=True)
+    if sink is not None:
+        l = l + (sink - m).exp()  # the sink's term: in the denominator, never in the output
     seen = l > 0
     l_safe = torch.where(seen, l, 1.0)
     lse = torch.where(seen, m + l_safe.log(), float("-inf")).squeeze(-1)

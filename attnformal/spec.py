@@ -6,14 +6,19 @@ For batch ``b``, query head ``h``, query row ``i`` and key ``j``::
 
     s[i, j]  = scale * q[b, h, i] . k[b, g(h), j]          g(h) = h // (Hq // Hkv)   (GQA/MQA)
     s[i, j]  = softcap * tanh(s[i, j] / softcap)            if softcap (after scale, before mask)
+    s[i, j] += -alibi_slopes[b, h] * |i + Sk_b - Sq - j|    if alibi_slopes (after softcap)
+    s[i, j] += bias[b, h, i, j]                             if bias (broadcast; after softcap)
     allowed  = may_attend(i, j, geometry(b)) and attn_mask[b, h, i, j]
-    p[i, :]  = softmax over allowed keys of s[i, :]         (0 at disallowed keys)
-    lse[i]   = log sum_{allowed j} exp(s[i, j])            (natural log)
+    Z[i]     = exp(sinks[h]) + sum_{allowed j} exp(s[i, j])  (the sink's term only with sinks)
+    p[i, j]  = exp(s[i, j]) / Z[i] at allowed keys, 0 elsewhere
+    lse[i]   = log Z[i]                                     (natural log)
     out[i]   = sum_j p[i, j] * keep[i, j] / (1 - dropout_p) * v[b, g(h), j]
 
-Empty-row rule: a row with no allowed key has ``out = 0``, ``lse = -inf`` and zero
-gradients, never NaN. Dropout never changes ``lse``: it acts on probabilities, after the
-denominator, with a keep-mask that is replayed exactly.
+Empty-row rule: a row with no allowed key has ``out = 0``, ``lse = -inf`` (``sinks[h]`` with a
+sink) and zero gradients for q, k, v, never NaN. Dropout never changes ``lse``: it acts on
+probabilities, after the denominator, with a keep-mask that is replayed exactly; it never
+applies to the sink. The features' own modules (:mod:`attnformal.features`) say the rest:
+ALiBi's alignment (flash-attention's, cited there), the gradients of sinks and bias.
 """
 
 from __future__ import annotations
@@ -146,6 +151,26 @@ class AttentionSpec:
             if f.active(value):
                 s = f.modify_scores(s, value)
         return s
+
+    def key_lengths(self, batches):
+        """Each batch element's key length (``kv_lens`` or ``Sk``), for an index tensor ``batches``."""
+        import torch
+
+        return torch.as_tensor(self.geometry(batches).len_k, device=batches.device).expand(len(batches))
+
+    def score_bias(self, batches, rows: slice, cols: slice, dtype):
+        """The additive score bias of every active ``"bias"`` feature (ALiBi, ``bias``) on the tile
+        ``rows x cols`` of batch elements ``batches`` (an index tensor): ``[len(batches), Hq, rows,
+        cols]`` in ``dtype``, or None when there is none. Added after :meth:`modify_scores`."""
+        total = None
+        for f in with_role("bias"):
+            value = getattr(self, f.name)
+            if f.active(value):
+                part = f.score_bias(value, self, batches, rows, cols, dtype).to(dtype)
+                total = part if total is None else total + part
+        if total is None:
+            return None
+        return total.expand(len(batches), self.heads_q, rows.stop - rows.start, cols.stop - cols.start)
 
     def allowed(self, device=None):
         """Dense bool ``[B, Hq, Sq, Sk]`` of allowed pairs (for references and tests, not kernels)."""

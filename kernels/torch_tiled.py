@@ -2,9 +2,12 @@
 
 Forward: for each query block, fold the visited key tiles into a softmax state with
 ``merge(state, block_state(tile))`` (one state per split-KV part, then :func:`combine`),
-and finalise. Backward: recompute P from the saved log-sum-exp tile by tile
-(:func:`attnformal.tile.tile_grads`). Nothing of size ``Sq x Sk`` is ever built; fp16 and
-bf16 inputs are computed in float32, float64 inputs in float64.
+and finalise; the first part's fold starts from the sink state when there are sinks
+(``merge.initial_state``). Backward: recompute P from the saved log-sum-exp tile by tile
+(:func:`attnformal.tile.tile_grads_and_dbias`); ``d sinks`` from ``lse`` and ``rowsum(dO * O)``.
+Nothing of size ``Sq x Sk`` is built, except ``d bias`` when the bias requires grad (it is
+summed down to the bias's own shape); fp16 and bf16 inputs are computed in float32, float64
+inputs in float64.
 """
 
 from __future__ import annotations
@@ -12,16 +15,16 @@ from __future__ import annotations
 import torch
 
 from attnformal.masks import may_attend
-from attnformal.merge import block_state, empty_state, finalize, merge
+from attnformal.merge import block_state, empty_state, finalize, initial_state, merge
 from attnformal.schedule import FULL, TileSchedule
 from attnformal.spec import AttentionSpec
-from attnformal.tile import tile_grads, tile_scores
+from attnformal.tile import sink_grads, tile_grads_and_dbias, tile_scores
 from attnformal.kernels import protocol_entry
 from attnformal.kernels.split_kv import combine
 
 # The protocol features this kernel computes; any other active one is refused.
 SUPPORTS = frozenset({"causal", "window", "chunk_size", "kv_lens", "prefix_lens", "attn_mask", "softcap",
-                      "dropout_p", "dropout_mask"})
+                      "alibi_slopes", "bias", "sinks", "dropout_p", "dropout_mask"})
 DEFAULT_SCHEDULE = TileSchedule(block_m=128, block_n=128)
 
 
@@ -32,7 +35,8 @@ def attention(q, k, v, spec: AttentionSpec, schedule: TileSchedule | None):
     Returns ``out`` ``[B, Hq, Sq, Dv]`` in the input dtype, and with ``return_lse`` also
     ``lse`` ``[B, Hq, Sq]`` (float32; float64 for float64 inputs). Differentiable.
     """
-    return _TiledAttention.apply(q, k, v, spec, schedule or DEFAULT_SCHEDULE)
+    # sinks and bias are inputs of the autograd function so their gradients reach the caller.
+    return _TiledAttention.apply(q, k, v, spec.sinks, spec.bias, spec, schedule or DEFAULT_SCHEDULE)
 
 
 def compute_dtype(dtype):
@@ -82,10 +86,21 @@ class _Problem:
         keep = self.per_element(self.spec.dropout_mask, rows, cols)
         return keep.to(self.dtype) / (1.0 - self.spec.dropout_p)
 
+    def bias(self, rows, cols):
+        """The tile's additive score bias (ALiBi and ``bias``), or None."""
+        return self.spec.score_bias(self.batches, rows, cols, self.dtype)
+
+    def sinks(self, rows):
+        """Each row's sink logit ``[B, Hq, rows, 1]``, or None."""
+        if self.spec.sinks is None:
+            return None
+        sinks = self.spec.sinks.detach().to(self.dtype)[None, :, None, None]
+        return sinks.expand(len(self.batches), -1, rows.stop - rows.start, 1)
+
     def scores(self, bm, bn):
         rows, cols = self.rows(bm), self.cols(bn)
         s, _ = tile_scores(self.q[:, :, rows], self.kv(self.k, cols), self.spec.scale,
-                           self.spec.softcap, self.allowed(bm, bn, rows, cols))
+                           self.spec.softcap, self.allowed(bm, bn, rows, cols), self.bias(rows, cols))
         return s
 
 
@@ -108,9 +123,12 @@ def _forward(spec, schedule, q, k, v):
         for bm in range(schedule.num_q_blocks(pb.g)):
             rows = pb.rows(bm)
             partials = []
-            for blocks in schedule.split_ranges(bm, pb.g):
-                state = empty_state((len(batches), spec.heads_q, rows.stop - rows.start),
-                                    spec.head_dim_v, dtype=dtype, device=q.device)
+            for part, blocks in enumerate(schedule.split_ranges(bm, pb.g)):
+                shape = (len(batches), spec.heads_q, rows.stop - rows.start)
+                # The sink is merged once per row: into the first split-KV part's fold.
+                state = empty_state(shape, spec.head_dim_v, dtype=dtype, device=q.device)
+                if part == 0:
+                    state = initial_state(state, pb.sinks(rows))
                 for bn in blocks:
                     cols = pb.cols(bn)
                     tile = block_state(pb.scores(bm, bn), pb.kv(pb.v, cols), pb.dropout_weights(rows, cols))
@@ -122,7 +140,8 @@ def _forward(spec, schedule, q, k, v):
     return out, lse
 
 
-def _backward(spec, schedule, q, k, v, out, lse, grad_out, grad_lse):
+def _backward(spec, schedule, q, k, v, out, lse, grad_out, grad_lse, need_dbias):
+    """``(dq, dk, dv, dsinks, dbias)``; ``dsinks`` None without sinks, ``dbias`` None unless needed."""
     dtype = compute_dtype(q.dtype)
     grad_out = grad_out.to(dtype)
     row_inputs = {
@@ -134,6 +153,8 @@ def _backward(spec, schedule, q, k, v, out, lse, grad_out, grad_lse):
     dq = torch.zeros(q.shape, dtype=dtype, device=q.device)
     dk = torch.zeros(k.shape, dtype=dtype, device=q.device)
     dv = torch.zeros(v.shape, dtype=dtype, device=q.device)
+    dbias = torch.zeros((spec.batch, spec.heads_q, spec.len_q, spec.len_k), dtype=dtype,
+                        device=q.device) if need_dbias else None
     for batches in _groups(spec, q.device):
         pb = _Problem(spec, schedule, batches, q, k, v)
         group_rows = {name: None if t is None else t[batches] for name, t in row_inputs.items()}
@@ -143,21 +164,32 @@ def _backward(spec, schedule, q, k, v, out, lse, grad_out, grad_lse):
             at_rows = {name: None if t is None else t[:, :, rows] for name, t in group_rows.items()}
             for bn in schedule.kv_range(bm, pb.g):
                 cols = pb.cols(bn)
-                dq_t, dk_t, dv_t = tile_grads(
+                dq_t, dk_t, dv_t, dbias_t = tile_grads_and_dbias(
                     pb.q[:, :, rows], pb.kv(pb.k, cols), pb.kv(pb.v, cols), **at_rows,
                     scale=spec.scale, softcap=spec.softcap, allowed=pb.allowed(bm, bn, rows, cols),
-                    weights=pb.dropout_weights(rows, cols))
+                    weights=pb.dropout_weights(rows, cols), bias=pb.bias(rows, cols))
                 dq_group[:, :, rows] += dq_t
                 # dK, dV of a KV head: the sum over the query heads of its group.
                 dk_group[:, :, cols].index_add_(1, pb.heads, dk_t)
                 dv_group[:, :, cols].index_add_(1, pb.heads, dv_t)
+                if dbias is not None:
+                    dbias[batches, :, rows, cols] = dbias_t
         dq[batches], dk[batches], dv[batches] = dq_group, dk_group, dv_group
-    return dq, dk, dv
+    return dq, dk, dv, _sinks_grad(spec, row_inputs, dtype), dbias
+
+
+def _sinks_grad(spec, row_inputs, dtype):
+    """``d sinks[h] = sum_{b, i} p_sink (dlse - D)``; None without sinks."""
+    if spec.sinks is None:
+        return None
+    sinks = spec.sinks.detach().to(dtype)[None, :, None, None]
+    rows = {name: row_inputs[name] for name in ("lse", "delta", "grad_lse")}
+    return sink_grads(sinks, **rows).sum(dim=(0, 2, 3))
 
 
 class _TiledAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, spec, schedule):
+    def forward(ctx, q, k, v, sinks, bias, spec, schedule):
         out, lse = _forward(spec, schedule, q, k, v)
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
@@ -168,7 +200,11 @@ class _TiledAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
         q, k, v, out, lse = ctx.saved_tensors
+        spec = ctx.spec
         if grad_out is None:
             grad_out = torch.zeros_like(out)
-        dq, dk, dv = _backward(ctx.spec, ctx.schedule, q, k, v, out, lse, grad_out, grad_lse)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+        dq, dk, dv, dsinks, dbias = _backward(spec, ctx.schedule, q, k, v, out, lse, grad_out, grad_lse,
+                                              need_dbias=ctx.needs_input_grad[4])
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
+                None if dsinks is None else dsinks.to(spec.sinks.dtype),
+                None if dbias is None else dbias.sum_to_size(spec.bias.shape).to(spec.bias.dtype), None, None)

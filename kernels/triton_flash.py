@@ -16,9 +16,15 @@ decisions as small int tables, so the kernels make none of their own:
   reaches the kernels through these tables, so the kernels hold no mask rule of their own.
 
 The forward leaves one softmax state ``(m, l, acc)`` per split-KV part; the host merges
-them with :func:`attnformal.kernels.split_kv.combine` and divides with
-:func:`attnformal.merge.finalize`, so the final division, the log-sum-exp and the
-empty-row rule are the spec's own code. The backward is FlashAttention-2: P is
+them with :func:`attnformal.kernels.split_kv.combine`, merges the sinks' state
+(:func:`attnformal.merge.sink_state`, last: the monoid laws and obligation 14 allow any
+place) and divides with :func:`attnformal.merge.finalize`, so the final division, the
+log-sum-exp, the sink and the empty-row rule are the spec's own code. The additive score
+bias (ALiBi and ``bias``) is the spec's :meth:`AttentionSpec.score_bias`, evaluated once on the
+host into ``BIAS [B, Hq, Sq, Sk]`` (state dtype; O(Sq Sk) memory, as a given bias already is)
+and added to each tile after the softcap; d bias is the dQ kernel's ``dS`` before the softcap's
+chain rule, stored per tile and summed to the bias's shape on the host; d sinks comes from lse
+and D on the host (:func:`attnformal.tile.sink_grads`). The backward is FlashAttention-2: P is
 recomputed from the saved log-sum-exp, ``D = rowsum(dO * O)``; one kernel walks key blocks
 (dK, dV, summing the query heads of a GQA group in registers, no atomics), one walks
 query blocks (dQ).
@@ -72,13 +78,14 @@ import torch
 from attnformal.kernels import protocol_entry
 from attnformal.kernels.split_kv import combine
 from attnformal.masks import CAUSAL_MODES, MaskGeometry, key_interval
-from attnformal.merge import SoftmaxState, empty_state, finalize
+from attnformal.merge import SoftmaxState, empty_state, finalize, merge, sink_state
 from attnformal.schedule import FULL, SKIP, TileSchedule
 from attnformal.spec import AttentionSpec, SpecError
+from attnformal.tile import sink_grads
 
 # The protocol features this kernel computes; any other active one is refused.
 SUPPORTS = frozenset({"causal", "window", "chunk_size", "kv_lens", "prefix_lens", "attn_mask", "softcap",
-                      "dropout_p", "dropout_mask"})
+                      "alibi_slopes", "bias", "sinks", "dropout_p", "dropout_mask"})
 DEFAULT_SCHEDULE = TileSchedule(block_m=128, block_n=64)  # the Triton tutorial's forward tile
 MAX_HEAD_DIM = 256  # the largest head dim triton-ascend's attention supports (pads to {16..256})
 MIN_BLOCK = 16  # tl.dot needs every tile dimension >= 16
@@ -224,15 +231,18 @@ def _modify_scores(s, softcap, HAS_SOFTCAP: tl.constexpr):
 
 @triton.jit
 def _tile_scores(q, k, rows, cols, tile_class,
-                 seq_q, seq_k, row_lo, row_hi, scale, softcap, mask_base, mask_si, mask_sj,
-                 HAS_ATTN_MASK: tl.constexpr, HAS_SOFTCAP: tl.constexpr, BF16_VIA_FP32: tl.constexpr):
+                 seq_q, seq_k, row_lo, row_hi, scale, softcap, bias_base, mask_base, mask_si, mask_sj,
+                 HAS_ATTN_MASK: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 BF16_VIA_FP32: tl.constexpr):
     """:func:`attnformal.tile.tile_scores`: ``(s, slope)`` of a tile, masked only if it is not FULL.
 
-    ``s`` is ``scale q k^T`` modified (:func:`_modify_scores`), then -inf outside each row's key
-    interval ``[row_lo, row_hi]`` or where the explicit mask forbids; ``slope`` is the
-    modification's derivative (1 without).
+    ``s`` is ``scale q k^T`` modified (:func:`_modify_scores`), plus the host's score bias tile,
+    then -inf outside each row's key interval ``[row_lo, row_hi]`` or where the explicit mask
+    forbids; ``slope`` is the modification's derivative (1 without).
     """
     s, slope = _modify_scores(_dot(q, tl.trans(k), BF16_VIA_FP32) * scale, softcap, HAS_SOFTCAP)
+    if HAS_BIAS:
+        s = s + _load_rows(bias_base, rows, cols, seq_q, seq_k)
     if tile_class != FULL_TILE:
         allowed = (row_lo[:, None] <= cols[None, :]) & (cols[None, :] <= row_hi[:, None])
         if HAS_ATTN_MASK:
@@ -267,10 +277,11 @@ def _attn_fwd(
     Q, K, V, M_PART, L_PART, ACC_PART,  # q, k, v contiguous [B, H, S, D]; partial states [splits, B, Hq, Sq(, Dv)]
     batch, heads_q, group, seq_q, seq_k, head_dim, head_dim_v,  # geometry
     ROW_LO, ROW_HI,  # index mask: [B, Sq] each row's key interval
-    SCALARS,  # scores: (scale, softcap, 1/(1-p))
+    SCALARS, BIAS,  # scores: (scale, softcap, 1/(1-p)); the score bias [B, Hq, Sq, Sk] (state dtype)
     ATTN_MASK, mask_sb, mask_sh, mask_si, mask_sj, KEEP, keep_sb, keep_sh, keep_si, keep_sj,  # data masks
     CLASSES, num_q_blocks, num_kv_blocks, KV_SPLITS, num_splits,  # schedule: [B, nM, nN]; [B, nM, splits, 2]
     CAUSAL: tl.constexpr, HAS_ATTN_MASK: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     BF16_VIA_FP32: tl.constexpr,
 ):
@@ -283,6 +294,7 @@ def _attn_fwd(
     scale, softcap, keep_scale = _load_scalars(SCALARS)
     mask_base = _flags_base(ATTN_MASK, b, h, mask_sb, mask_sh)
     keep_base = _flags_base(KEEP, b, h, keep_sb, keep_sh)
+    bias_base = BIAS + bh * seq_q * seq_k
     class_row = CLASSES + (b * num_q_blocks + bm) * num_kv_blocks
     split_range = KV_SPLITS + ((b * num_q_blocks + bm) * num_splits + split) * 2
 
@@ -304,8 +316,8 @@ def _attn_fwd(
         v = _load_rows(v_base, cols, dims_v, seq_k, head_dim_v)
         # -- scores; the element-wise mask only where the schedule says PARTIAL
         s, _ = _tile_scores(q, k, rows, cols, tl.load(class_row + bn),
-                            seq_q, seq_k, row_lo, row_hi, scale, softcap,
-                            mask_base, mask_si, mask_sj, HAS_ATTN_MASK, HAS_SOFTCAP, BF16_VIA_FP32)
+                            seq_q, seq_k, row_lo, row_hi, scale, softcap, bias_base,
+                            mask_base, mask_si, mask_sj, HAS_ATTN_MASK, HAS_SOFTCAP, HAS_BIAS, BF16_VIA_FP32)
         # -- the tile's own state (attnformal.merge.block_state); dropout after the denominator
         m_ij = tl.max(s, 1)
         p = tl.exp(s - _finite_shift(m_ij)[:, None])
@@ -330,14 +342,15 @@ def _attn_fwd(
 
 @triton.jit
 def _tile_grads(q, k, v, do, lse, delta, rows, cols, tile_class,
-                seq_q, seq_k, row_lo, row_hi, scale, softcap, keep_scale,
+                seq_q, seq_k, row_lo, row_hi, scale, softcap, keep_scale, bias_base,
                 mask_base, mask_si, mask_sj, keep_base, keep_si, keep_sj,
                 HAS_ATTN_MASK: tl.constexpr, HAS_KEEP: tl.constexpr,
-                HAS_SOFTCAP: tl.constexpr, BF16_VIA_FP32: tl.constexpr):
-    """``(P * weights, dS / scale)`` of one tile, as :func:`attnformal.tile.tile_grads` forms them."""
+                HAS_SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, BF16_VIA_FP32: tl.constexpr):
+    """``(P * weights, dS / scale, slope)`` of one tile, as :func:`attnformal.tile.tile_grads_and_dbias`
+    forms them: ``dS`` is the gradient of the final (biased) scores, before the softcap's ``slope``."""
     s, slope = _tile_scores(q, k, rows, cols, tile_class,
-                            seq_q, seq_k, row_lo, row_hi, scale, softcap,
-                            mask_base, mask_si, mask_sj, HAS_ATTN_MASK, HAS_SOFTCAP, BF16_VIA_FP32)
+                            seq_q, seq_k, row_lo, row_hi, scale, softcap, bias_base,
+                            mask_base, mask_si, mask_sj, HAS_ATTN_MASK, HAS_SOFTCAP, HAS_BIAS, BF16_VIA_FP32)
     p = tl.exp(s - _finite_shift(lse)[:, None])  # 0 on masked keys and on empty rows
     dp = _dot(do, tl.trans(v), BF16_VIA_FP32)
     p_kept = p
@@ -345,8 +358,8 @@ def _tile_grads(q, k, v, do, lse, delta, rows, cols, tile_class,
         weights = _keep_weights(rows, cols, seq_q, seq_k, keep_scale, keep_base, keep_si, keep_sj)
         p_kept = p * weights
         dp = dp * weights
-    ds = p * (dp - delta[:, None]) * slope
-    return p_kept, ds
+    ds = p * (dp - delta[:, None])
+    return p_kept, ds, slope
 
 
 @triton.jit
@@ -354,10 +367,11 @@ def _attn_bwd_dkdv(
     Q, K, V, DO, LSE, DELTA, DK, DV,  # contiguous [B, H, S, D]; LSE, DELTA [B, Hq, Sq]
     batch, heads_q, group, seq_q, seq_k, head_dim, head_dim_v,  # geometry
     ROW_LO, ROW_HI,  # index mask
-    SCALARS,  # scores
+    SCALARS, BIAS,  # scores
     ATTN_MASK, mask_sb, mask_sh, mask_si, mask_sj, KEEP, keep_sb, keep_sh, keep_si, keep_sj,  # data masks
     CLASSES, num_q_blocks, num_kv_blocks, Q_RANGES,  # schedule: [B, nM, nN]; [B, nN, 2]
     CAUSAL: tl.constexpr, HAS_ATTN_MASK: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     BF16_VIA_FP32: tl.constexpr,
 ):
@@ -385,18 +399,19 @@ def _attn_bwd_dkdv(
         bh = b * heads_q + h
         mask_base = _flags_base(ATTN_MASK, b, h, mask_sb, mask_sh)
         keep_base = _flags_base(KEEP, b, h, keep_sb, keep_sh)
+        bias_base = BIAS + bh * seq_q * seq_k
         for bm in range(tl.load(q_range), tl.load(q_range + 1)):
             rows = bm * BLOCK_M + tl.arange(0, BLOCK_M)
             q, do, lse, delta = _load_query_rows(Q, DO, LSE, DELTA, bh, rows, dims, dims_v, seq_q, head_dim,
                                                  head_dim_v)
             row_lo, row_hi = _row_intervals(ROW_LO, ROW_HI, b, rows, seq_q)
             tile_class = tl.load(CLASSES + (b * num_q_blocks + bm) * num_kv_blocks + bn)
-            p_kept, ds = _tile_grads(q, k, v, do, lse, delta, rows, cols, tile_class,
-                                     seq_q, seq_k, row_lo, row_hi, scale, softcap, keep_scale,
-                                     mask_base, mask_si, mask_sj, keep_base, keep_si, keep_sj,
-                                     HAS_ATTN_MASK, HAS_KEEP, HAS_SOFTCAP, BF16_VIA_FP32)
+            p_kept, ds, slope = _tile_grads(q, k, v, do, lse, delta, rows, cols, tile_class,
+                                            seq_q, seq_k, row_lo, row_hi, scale, softcap, keep_scale, bias_base,
+                                            mask_base, mask_si, mask_sj, keep_base, keep_si, keep_sj,
+                                            HAS_ATTN_MASK, HAS_KEEP, HAS_SOFTCAP, HAS_BIAS, BF16_VIA_FP32)
             dv += _dot(tl.trans(p_kept.to(do.dtype)), do, BF16_VIA_FP32)
-            dk += _dot(tl.trans(ds.to(q.dtype)), q, BF16_VIA_FP32)
+            dk += _dot(tl.trans((ds * slope).to(q.dtype)), q, BF16_VIA_FP32)
 
     in_cols = cols[:, None] < seq_k
     out_rows = bhk * seq_k + cols[:, None]
@@ -408,17 +423,19 @@ def _attn_bwd_dkdv(
 
 @triton.jit
 def _attn_bwd_dq(
-    Q, K, V, DO, LSE, DELTA, DQ,  # contiguous [B, H, S, D]; LSE, DELTA [B, Hq, Sq]
+    Q, K, V, DO, LSE, DELTA, DQ, DBIAS,  # contiguous [B, H, S, D]; LSE, DELTA [B, Hq, Sq]; [B, Hq, Sq, Sk]
     batch, heads_q, group, seq_q, seq_k, head_dim, head_dim_v,  # geometry
     ROW_LO, ROW_HI,  # index mask
-    SCALARS,  # scores
+    SCALARS, BIAS,  # scores
     ATTN_MASK, mask_sb, mask_sh, mask_si, mask_sj, KEEP, keep_sb, keep_sh, keep_si, keep_sj,  # data masks
     CLASSES, num_q_blocks, num_kv_blocks, KV_RANGES,  # schedule: [B, nM, nN]; [B, nM, 2]
     CAUSAL: tl.constexpr, HAS_ATTN_MASK: tl.constexpr, HAS_KEEP: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     BF16_VIA_FP32: tl.constexpr,
 ):
-    """dQ of one query block of one query head, over the key blocks the schedule visits."""
+    """dQ of one query block of one query head, over the key blocks the schedule visits (and, with
+    a bias, its tiles' dS: d bias before the sum over broadcast dimensions; SKIP tiles stay 0)."""
     _check_tiles(CAUSAL, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
     bm = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
@@ -428,6 +445,7 @@ def _attn_bwd_dq(
     keep_base = _flags_base(KEEP, b, h, keep_sb, keep_sh)
     class_row = CLASSES + (b * num_q_blocks + bm) * num_kv_blocks
     kv_range = KV_RANGES + (b * num_q_blocks + bm) * 2
+    bias_base = BIAS + bh * seq_q * seq_k
 
     rows = bm * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, BLOCK_D)
@@ -442,11 +460,14 @@ def _attn_bwd_dq(
         cols = bn * BLOCK_N + tl.arange(0, BLOCK_N)
         k = _load_rows(k_base, cols, dims, seq_k, head_dim)
         v = _load_rows(v_base, cols, dims_v, seq_k, head_dim_v)
-        _, ds = _tile_grads(q, k, v, do, lse, delta, rows, cols, tl.load(class_row + bn),
-                            seq_q, seq_k, row_lo, row_hi, scale, softcap, keep_scale,
-                            mask_base, mask_si, mask_sj, keep_base, keep_si, keep_sj,
-                            HAS_ATTN_MASK, HAS_KEEP, HAS_SOFTCAP, BF16_VIA_FP32)
-        dq += _dot(ds.to(k.dtype), k, BF16_VIA_FP32)
+        _, ds, slope = _tile_grads(q, k, v, do, lse, delta, rows, cols, tl.load(class_row + bn),
+                                   seq_q, seq_k, row_lo, row_hi, scale, softcap, keep_scale, bias_base,
+                                   mask_base, mask_si, mask_sj, keep_base, keep_si, keep_sj,
+                                   HAS_ATTN_MASK, HAS_KEEP, HAS_SOFTCAP, HAS_BIAS, BF16_VIA_FP32)
+        if HAS_BIAS:
+            tl.store(DBIAS + bh * seq_q * seq_k + rows[:, None] * seq_k + cols[None, :], ds,
+                     mask=(rows[:, None] < seq_q) & (cols[None, :] < seq_k))
+        dq += _dot((ds * slope).to(k.dtype), k, BF16_VIA_FP32)
 
     tl.store(DQ + (bh * seq_q + rows)[:, None] * head_dim + dims[None, :], (dq * scale).to(DQ.dtype.element_ty),
              mask=(rows[:, None] < seq_q) & (dims[None, :] < head_dim))
@@ -465,7 +486,8 @@ def attention(q, k, v, spec: AttentionSpec, schedule: TileSchedule | None):
     """
     schedule = DEFAULT_SCHEDULE if schedule is None else schedule
     check_launchable(spec, schedule, q.dtype, q.device.type)
-    return _FlashAttention.apply(q, k, v, spec, schedule)
+    # sinks and bias are inputs of the autograd function so their gradients reach the caller.
+    return _FlashAttention.apply(q, k, v, spec.sinks, spec.bias, spec, schedule)
 
 
 def check_launchable(spec: AttentionSpec, schedule: TileSchedule, dtype, device_type: str):
@@ -596,6 +618,7 @@ class IndexMask(NamedTuple):
 
 class Scores(NamedTuple):
     SCALARS: Any  # (scale, softcap, 1/(1-p)) in the state dtype: Python floats would travel as fp32
+    BIAS: Any  # the spec's score_bias [B, Hq, Sq, Sk] in the state dtype (a 1-element dummy without)
 
 
 class DataMasks(NamedTuple):
@@ -626,6 +649,7 @@ class Features(NamedTuple):
     HAS_ATTN_MASK: bool
     HAS_KEEP: bool
     HAS_SOFTCAP: bool
+    HAS_BIAS: bool
 
 
 class Tiles(NamedTuple):
@@ -665,16 +689,20 @@ class Launch:
         self.num_q_blocks, self.num_kv_blocks = classes.shape[1:]
         scalars = torch.tensor([spec.scale, spec.softcap or 1.0, 1.0 / (1.0 - spec.dropout_p)],
                                dtype=self.state_dtype, device=device)
+        bias = spec.score_bias(torch.arange(spec.batch, device=device), slice(0, spec.len_q), slice(0, spec.len_k),
+                               self.state_dtype)
+        self.has_bias = bias is not None
         self.groups = (
             Geometry(spec.batch, spec.heads_q, spec.group, spec.len_q, spec.len_k, spec.head_dim, spec.head_dim_v),
             IndexMask(row_lo, row_hi),
-            Scores(scalars),
+            Scores(scalars, bias.detach().contiguous() if self.has_bias
+                   else torch.zeros(1, dtype=self.state_dtype, device=device)),
             DataMasks(*_flags_args(spec.attn_mask, device), *_flags_args(spec.dropout_mask, device)),
             ScheduleTables(classes, self.num_q_blocks, self.num_kv_blocks),
         )
         self.compile_time = (
             Features(CAUSAL_MODES.index(spec.causal), spec.attn_mask is not None, spec.dropout_mask is not None,
-                     spec.softcap is not None),
+                     spec.softcap is not None, self.has_bias),
             Tiles(schedule.block_m, schedule.block_n, _padded(spec.head_dim), _padded(spec.head_dim_v),
                   _INTERPRETED and q.dtype == torch.bfloat16),
         )
@@ -690,9 +718,9 @@ class Launch:
                           self.schedule.block_n, dict(Q=q, K=k, V=v, DO=do, LSE=lse, DELTA=delta, DK=dk, DV=dv),
                           dict(Q_RANGES=self.q_ranges))
 
-    def dq_call(self, q, k, v, do, lse, delta, dq) -> KernelCall:
+    def dq_call(self, q, k, v, do, lse, delta, dq, dbias) -> KernelCall:
         return self._call(_attn_bwd_dq, (self.num_q_blocks, self.spec.batch * self.spec.heads_q),
-                          self.schedule.block_m, dict(Q=q, K=k, V=v, DO=do, LSE=lse, DELTA=delta, DQ=dq),
+                          self.schedule.block_m, dict(Q=q, K=k, V=v, DO=do, LSE=lse, DELTA=delta, DQ=dq, DBIAS=dbias),
                           dict(KV_RANGES=self.kv_ranges))
 
     def _call(self, kernel, grid, rows, tensors, loop_table) -> KernelCall:
@@ -710,7 +738,7 @@ class Launch:
         lse, delta = (torch.zeros(do.shape[:3], dtype=self.state_dtype, device=q.device) for _ in range(2))
         return [self.forward_call(q, k, v, parts),
                 self.dkdv_call(q, k, v, do, lse, delta, torch.zeros_like(k), torch.zeros_like(v)),
-                self.dq_call(q, k, v, do, lse, delta, torch.zeros_like(q))]
+                self.dq_call(q, k, v, do, lse, delta, torch.zeros_like(q), self._dbias_buffer(q.device))]
 
     def _partial_states(self, device) -> SoftmaxState:
         """One state per split, each merge's identity to start; the forward overwrites every real row."""
@@ -718,16 +746,38 @@ class Launch:
         return empty_state((self.schedule.num_splits, spec.batch, spec.heads_q, spec.len_q), spec.head_dim_v,
                            dtype=self.state_dtype, device=device)
 
+    def _dbias_buffer(self, device):
+        """Where the dQ kernel stores each tile's dS: ``[B, Hq, Sq, Sk]`` with a bias, else a dummy."""
+        spec = self.spec
+        shape = (spec.batch, spec.heads_q, spec.len_q, spec.len_k) if self.has_bias else (1,)
+        return torch.zeros(shape, dtype=self.state_dtype, device=device)
+
+    def sinks(self, device):
+        """Each row's sink logit ``[B, Hq, Sq, 1]`` in the state dtype, or None."""
+        spec = self.spec
+        if spec.sinks is None:
+            return None
+        sinks = spec.sinks.detach().to(device=device, dtype=self.state_dtype)[None, :, None, None]
+        return sinks.expand(spec.batch, -1, spec.len_q, 1)
+
     def forward(self, q, k, v):
         parts = self._partial_states(q.device)
         self.forward_call(q, k, v, parts).launch()
-        return finalize(combine([SoftmaxState(*(t[s] for t in parts)) for s in range(self.schedule.num_splits)]))
+        state = combine([SoftmaxState(*(t[s] for t in parts)) for s in range(self.schedule.num_splits)])
+        sinks = self.sinks(q.device)
+        if sinks is not None:  # merged last: obligation 14 with the monoid laws
+            state = merge(state, sink_state(sinks))
+        return finalize(state)
 
     def backward(self, q, k, v, do, lse, delta):
+        """``(dq, dk, dv, d sinks, d bias [B, Hq, Sq, Sk])``; the last two None without sinks / bias."""
         dq, dk, dv = (torch.zeros_like(t) for t in (q, k, v))
+        dbias = self._dbias_buffer(q.device)
         self.dkdv_call(q, k, v, do, lse, delta, dk, dv).launch()
-        self.dq_call(q, k, v, do, lse, delta, dq).launch()
-        return dq, dk, dv
+        self.dq_call(q, k, v, do, lse, delta, dq, dbias).launch()
+        sinks = self.sinks(q.device)
+        dsinks = None if sinks is None else sink_grads(sinks[..., 0], lse, delta).sum(dim=(0, 2))
+        return dq, dk, dv, dsinks, dbias if self.spec.bias is not None else None  # ALiBi alone: no gradient
 
 
 def _num_warps(rows):
@@ -750,9 +800,9 @@ def _padded(dim):
 
 class _FlashAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, spec, schedule):
+    def forward(ctx, q, k, v, sinks, bias, spec, schedule):
         ctx.set_materialize_grads(False)
-        ctx.launch = None
+        ctx.launch, ctx.spec = None, spec
         if q.numel() == 0:  # no query rows: nothing attends, every gradient is zero
             ctx.save_for_backward(q, k, v)
             shape = (spec.batch, spec.heads_q, spec.len_q)
@@ -767,17 +817,26 @@ class _FlashAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
         if ctx.launch is None:
-            return (*(torch.zeros_like(t) for t in ctx.saved_tensors), None, None)
+            return (*(torch.zeros_like(t) for t in ctx.saved_tensors), *_no_rows_parameter_grads(ctx.spec), None, None)
         q, k, v, out, lse = ctx.saved_tensors
         state_dtype = ctx.launch.state_dtype
         if grad_out is None:
             grad_out = torch.zeros_like(out)
         delta = (grad_out.to(state_dtype) * out.to(state_dtype)).sum(-1)  # D = rowsum(dO * O)
         if grad_lse is not None:
-            # d lse / d s_j = P_j, so dS = P (dP - D) + P g = P (dP - (D - g)): fold g into D.
+            # d lse / d s_j = P_j, so dS = P (dP - D) + P g = P (dP - (D - g)): fold g into D. The same
+            # holds for the sink: d sink = p_sink (g - D).
             delta = delta - grad_lse.to(state_dtype)
-        dq, dk, dv = ctx.launch.backward(q, k, v, grad_out.contiguous(), lse.contiguous(), delta.contiguous())
-        return dq, dk, dv, None, None
+        dq, dk, dv, dsinks, dbias = ctx.launch.backward(q, k, v, grad_out.contiguous(), lse.contiguous(),
+                                                        delta.contiguous())
+        spec = ctx.spec
+        return (dq, dk, dv, None if dsinks is None else dsinks.to(spec.sinks.dtype),
+                None if dbias is None else dbias.sum_to_size(spec.bias.shape).to(spec.bias.dtype), None, None)
+
+
+def _no_rows_parameter_grads(spec: AttentionSpec):
+    """Zero d sinks and d bias (or None) for a problem with no query rows."""
+    return tuple(None if t is None else torch.zeros_like(t) for t in (spec.sinks, spec.bias))
 
 
 _INTERPRETED = isinstance(_attn_fwd, InterpretedFunction)

@@ -63,6 +63,58 @@ def test_empty_rows_give_zero_output_minus_inf_lse_and_zero_gradients():
         assert torch.equal(grad, torch.zeros_like(grad))
 
 
+def one_key(score, value):
+    """q k^T = ``score`` with scale 1, one key of value ``value``."""
+    t = torch.tensor
+    return (t([[[[1.0]]]], dtype=torch.float64), t([[[[score]]]], dtype=torch.float64),
+            t([[[[value]]]], dtype=torch.float64))
+
+
+def test_one_key_and_a_sink_share_the_denominator():
+    q, k, v = one_key(2.0, 3.0)
+    out, lse = attention_oracle(q, k, v, scale=1.0, sinks=torch.tensor([0.5], dtype=torch.float64), return_lse=True)
+    assert out.item() == pytest.approx(3.0 * math.exp(2.0) / (math.exp(2.0) + math.exp(0.5)), rel=1e-15)
+    assert lse.item() == pytest.approx(math.log(math.exp(2.0) + math.exp(0.5)), rel=1e-15)
+
+
+def test_an_empty_row_with_a_sink_gives_zero_output_and_lse_sink_and_d_sink_from_lse_alone():
+    q, k, v = one_key(2.0, 3.0)
+    sink = torch.tensor([0.75], dtype=torch.float64, requires_grad=True)
+    out, lse = attention_oracle(q, k, v, scale=1.0, sinks=sink, kv_lens=[0], return_lse=True)
+    assert out.item() == 0.0 and lse.item() == 0.75
+    (out.sum() + 2.0 * lse.sum()).backward()
+    assert sink.grad.item() == 2.0  # p_sink = 1, out = 0: d sink = dlse
+
+
+def test_a_minus_inf_sink_is_no_sink():
+    q, k, v = zeros_q()
+    q.normal_(generator=torch.Generator().manual_seed(5))
+    plain = attention_oracle(q, k, v, causal="top_left", return_lse=True)
+    sunk = attention_oracle(q, k, v, causal="top_left", sinks=torch.tensor([-math.inf], dtype=torch.float64),
+                            return_lse=True)
+    for a, b in zip(plain, sunk):
+        assert torch.equal(a, b)
+
+
+def test_alibi_weights_keys_by_their_distance_from_the_bottom_right_diagonal():
+    q, k, v = zeros_q(len_q=2, len_k=4)  # equal logits: only ALiBi's bias differs between keys
+    out = attention_oracle(q, k, v, alibi_slopes=torch.tensor([0.5], dtype=torch.float64), kv_lens=[3])
+    for i in range(2):
+        diagonal = i + 3 - 2  # the batch's own key length, 3
+        weights = torch.tensor([math.exp(-0.5 * abs(diagonal - j)) for j in range(3)], dtype=torch.float64)
+        torch.testing.assert_close(out[0, 0, i], weights @ v[0, 0, :3] / weights.sum(), rtol=1e-14, atol=1e-15)
+
+
+def test_a_bias_constant_along_a_row_leaves_out_and_shifts_lse():
+    q, k, v = zeros_q()
+    q.normal_(generator=torch.Generator().manual_seed(6))
+    row_bias = torch.arange(4, dtype=torch.float64)[:, None]
+    plain_out, plain_lse = attention_oracle(q, k, v, return_lse=True)
+    out, lse = attention_oracle(q, k, v, bias=row_bias, return_lse=True)
+    torch.testing.assert_close(out, plain_out, rtol=1e-14, atol=1e-15)
+    torch.testing.assert_close(lse, plain_lse + row_bias[:, 0], rtol=1e-14, atol=1e-14)
+
+
 def test_dropout_replay_scales_kept_values():
     q, k, v = zeros_q(len_q=1)
     keep = torch.tensor([True, False, True, True, False, False]).reshape(1, 1, 1, 6)
@@ -104,3 +156,17 @@ def test_autograd_matches_central_finite_differences(kwargs):
     q, k, v = (torch.randn(2, 2, s, 3, generator=gen, dtype=torch.float64, requires_grad=True)
                for s in (4, 5, 5))
     assert torch.autograd.gradcheck(lambda *t: attention_oracle(*t, **kwargs), (q, k, v))
+
+
+def test_sink_and_bias_gradients_match_central_finite_differences():
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(2, 2, s, 3, generator=gen, dtype=torch.float64) for s in (4, 5, 5))
+    sinks = torch.randn(2, generator=gen, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(2, 1, 5, generator=gen, dtype=torch.float64, requires_grad=True)
+
+    def lse_and_out(sinks, bias):
+        out, lse = attention_oracle(q, k, v, sinks=sinks, bias=bias, causal="top_left", kv_lens=[5, 0],
+                                    return_lse=True)
+        return out, lse
+
+    assert torch.autograd.gradcheck(lse_and_out, (sinks, bias))

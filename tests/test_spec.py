@@ -37,6 +37,17 @@ BAD_CALLS = [
     ("attn_mask", dict(attn_mask=torch.ones(3, 5, 7, dtype=torch.bool)), "broadcastable to [B, Hq, Sq, Sk]"),
     ("dropout_mask", dict(dropout_p=0.1, dropout_mask=torch.ones(2, 4, 5, 6, dtype=torch.bool)), "keep-mask of shape"),
     ("dropout_mask", dict(dropout_mask=torch.ones(2, 4, 5, 7, dtype=torch.bool)), "needs dropout_p > 0"),
+    ("sinks", dict(sinks=torch.zeros(2)), "shape [Hq=4]"),
+    ("sinks", dict(sinks=[0.0] * 4), "a floating tensor"),
+    ("sinks", dict(sinks=torch.tensor([0.0, math.nan, 0.0, 0.0])), "finite logits or -inf"),
+    ("sinks", dict(sinks=torch.tensor([0.0, math.inf, 0.0, 0.0])), "finite logits or -inf"),
+    ("alibi_slopes", dict(alibi_slopes=torch.ones(4, 2)), "[Hq=4] or [B=2, Hq=4]"),
+    ("alibi_slopes", dict(alibi_slopes=torch.ones(4, dtype=torch.int64)), "a floating tensor"),
+    ("alibi_slopes", dict(alibi_slopes=torch.tensor([1.0, 1.0, -math.inf, 1.0])), "finite slopes"),
+    ("bias", dict(bias=torch.zeros(3, 5, 7)), "broadcastable to [B, Hq, Sq, Sk]"),
+    ("bias", dict(bias=torch.zeros(5, 7, dtype=torch.bool)), "a floating tensor"),
+    ("bias", dict(bias=torch.full((5, 7), math.nan)), "finite values"),
+    ("bias", dict(bias=torch.full((5, 7), -math.inf)), "mask pairs with attn_mask"),
     ("chunk_size", dict(chunk_size=0), "an int >= 1"),
     ("chunk_size", dict(chunk_size=2.0), "an int >= 1"),
     ("chunk_size", dict(chunk_size=True), "an int >= 1"),
@@ -70,6 +81,16 @@ def test_valid_call_is_described_completely():
     assert spec.geometry(1).len_k == 0 and spec.geometry(0).has_attn_mask
     doc = json.loads(json.dumps(spec.to_json()))
     assert doc["window"] == [3, -1] and doc["has_attn_mask"] and not doc["has_dropout_mask"]
+
+
+def test_sinks_alibi_and_bias_are_described():
+    sinks, slopes = torch.tensor([0.5, -math.inf, 1.0, 2.0]), torch.tensor([1.0, 0.5, 0.25, 0.125])
+    bias = torch.ones(5, 7)
+    spec = AttentionSpec.from_inputs(q, k, v, sinks=sinks, alibi_slopes=slopes, bias=bias)
+    assert spec.sinks is sinks and spec.bias is bias  # the caller's tensors: their gradients reach the caller
+    assert spec.alibi_slopes.shape == (2, 4) and torch.equal(spec.alibi_slopes[1], slopes)
+    doc = json.loads(json.dumps(spec.to_json()))
+    assert doc["has_sinks"] and doc["has_alibi_slopes"] and doc["has_bias"]  # data: they travel as arrays
 
 
 def test_allowed_is_per_batch_and_masked():

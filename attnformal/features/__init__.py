@@ -7,7 +7,8 @@ so that a test can register a dummy feature for a while (:func:`registered`).
 
 from __future__ import annotations
 
-from attnformal.features import attn_mask, causal, chunk, dropout, kv_lens, prefix, softcap, window
+from attnformal.features import (alibi, attn_mask, bias, causal, chunk, dropout, kv_lens, prefix, sinks, softcap,
+                                 window)
 from attnformal.features.base import Feature, Problem, refuse_unsupported, registered
 
 FEATURES: list[Feature] = [
@@ -20,6 +21,9 @@ FEATURES: list[Feature] = [
     softcap.FEATURE,
     dropout.DROPOUT_P,
     dropout.DROPOUT_MASK,
+    alibi.FEATURE,
+    bias.FEATURE,
+    sinks.FEATURE,
 ]
 
 

@@ -37,9 +37,12 @@ class Feature:
 
     ``role``: ``"interval"`` (narrows the key interval of a row: :meth:`narrow`), ``"length"``
     (sets the batch element's key length: :meth:`key_length`), ``"data"`` (a per-element mask
-    ANDed on top: a tile under it is never FULL), ``"scores"`` (:meth:`modify_scores`) or
-    ``"dropout"``. ``per_batch``: the value is one entry per batch element, and a geometry takes
-    element ``b``. ``tensor``: the value is data (out of equality and JSON; travels as an array).
+    ANDed on top: a tile under it is never FULL), ``"scores"`` (:meth:`modify_scores`),
+    ``"bias"`` (an additive score bias that depends on the batch element, head and position:
+    :meth:`score_bias`, added after the ``"scores"`` features), ``"state"`` (a change of the
+    softmax state: the sink, see :mod:`attnformal.features.sinks`) or ``"dropout"``. ``per_batch``:
+    the value is one entry per batch element, and a geometry takes element ``b``. ``tensor``: the
+    value is data (out of equality and JSON; travels as an array).
     """
 
     name: str = ""
@@ -88,6 +91,20 @@ class Feature:
     def modify_scores(self, s, value):
         """The scores after this feature (``role == "scores"``)."""
         return s
+
+    def score_bias(self, value, spec, batches, rows: slice, cols: slice, dtype):
+        """This feature's additive bias on a tile (``role == "bias"``): ``[len(batches) | 1, Hq | 1,
+        rows, cols]`` (broadcastable) for the batch elements ``batches`` (an index tensor)."""
+        raise NotImplementedError(f"feature {self.name} has no score bias")
+
+    def one_element(self, value, b: int, h: int, full):
+        """The value for batch element ``b`` and query head ``h`` alone (a one-element problem: the
+        golden files' spot check); ``full`` is ``[B, Hq, Sq, Sk]``. Tensors here broadcast to it."""
+        if self.per_batch:
+            return [value[b]]
+        if self.tensor:
+            return value.expand(full)[b:b + 1, h:h + 1]
+        return value
 
     # ---- JSON (golden files) and command line
 
@@ -151,6 +168,18 @@ def int_list(name: str, value, batch: int, low: int, high: int, what: str, bound
     if any(not low <= n <= high for n in values):
         raise SpecError(name, bounds, repr(list(values)))
     return tuple(int(n) for n in values)
+
+
+def float_tensor(name: str, value, expected: str, device) -> None:
+    """A floating tensor on ``device``, or a :class:`SpecError` (``expected``: its shape, in words)."""
+    import torch
+
+    from attnformal.spec import SpecError, describe
+
+    if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+        raise SpecError(name, f"None or a floating tensor {expected}", describe(value))
+    if value.device != device:
+        raise SpecError(name, f"the device of q ({device})", describe(value))
 
 
 def refuse_unsupported(spec, supports, implementation: str) -> None:

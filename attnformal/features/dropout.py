@@ -23,7 +23,7 @@ class DropoutP(Feature):
         from attnformal import cli
 
         parser.add_argument("--dropout-p", type=cli.number(minimum=0), default=0.0, metavar="P",
-                            help="dropout, with a seeded keep-mask stored in the file")
+                            help="dropout; its seeded keep-mask is in the file")
 
     def from_arguments(self, args):
         return args.dropout_p

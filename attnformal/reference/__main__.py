@@ -19,7 +19,7 @@ from pathlib import Path
 from attnformal import cli
 from attnformal.adapters import ALIASES, resolve
 from attnformal.distributed import EngineMissing, open_executor
-from attnformal.features import FEATURES
+from attnformal.features import FEATURES, feature
 from attnformal.reference import cost, golden
 from attnformal.reference.certified import CertificationError
 from attnformal.reference.check import ImplementationError, loose_radius
@@ -75,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="add a seeded random bool mask, this fraction True")
     gen.add_argument("--scale", type=cli.number(), metavar="S", help="softmax scale (default 1/sqrt(D))")
     gen.add_argument("--input-scale", type=cli.number(minimum=0), default=1.0, metavar="X",
-                     help="inputs ~ N(0,1) times X (default 1; large: extreme logits)")
+                     help="inputs ~ N(0,1) * X (default 1)")
     gen.add_argument("--max-radius", type=cli.number(above=0), metavar="R",
                      help="raise the precision until every radius is <= R")
     gen.add_argument("--prec", type=int, metavar="BITS",
@@ -109,7 +109,8 @@ def _generate(args) -> int:
     if arb_tier and (args.workers is not None or args.cluster is not None):
         raise ValueError("argument '--workers'/'--cluster': they run the float64 tier's tiles, but this case uses "
                          "the Arb tier (--prec, or float64 inputs), which runs in this process")
-    protocol = {"scale": args.scale, **{f.name: f.from_arguments(args) for f in FEATURES if not f.tensor}}
+    given = {f.name: f.from_arguments(args) for f in FEATURES}  # tensor features: those given by a flag
+    protocol = {"scale": args.scale, **{n: v for n, v in given.items() if not feature(n).tensor or v is not None}}
     _check_space(shape, dtype, out, args)
     inputs = golden.make_inputs(shape, dtype, args.seed, input_scale=args.input_scale, dropout_p=args.dropout_p,
                                 attn_mask_density=args.attn_mask_density)

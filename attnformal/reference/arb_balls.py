@@ -135,6 +135,10 @@ def cat(parts, dim: int):
     return np.concatenate(parts, axis=dim)
 
 
+def reshape(a, shape):
+    return a.reshape(shape)
+
+
 def mid(a) -> torch.Tensor:
     """Float64 approximations of the midpoints (for choosing the exact softmax shift)."""
     return torch.from_numpy(_mid(a).astype(np.float64))

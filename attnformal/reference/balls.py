@@ -91,6 +91,9 @@ class Balls:
     def __rsub__(self, other) -> Balls:
         return _lift(other) - self
 
+    def __neg__(self) -> Balls:
+        return _like(self, -self.mid, self.rad)  # negation is exact
+
     def __mul__(self, other) -> Balls:
         other = _lift(other)
         product = Balls.of(fb.mul(self.ball, other.ball))

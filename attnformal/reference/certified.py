@@ -21,10 +21,12 @@ and the float64 tier with ``dense=True`` (an independent cross-check of the tile
 merge, no schedule), run the same steps written once in :func:`_rows`: the FlashAttention-2
 formulas, dense, per block of query rows::
 
-    s = scale q k^T (softcapped), E = exp(s - shift), l = sum E, P = E / l
+    s = scale q k^T (softcapped) + bias (ALiBi, bias), E = exp(s - shift),
+    l = sum E [+ exp(sink - shift)], P = E / l
     out = kappa (P o keep) v,  lse = shift + log l            (kappa = 1 / (1 - p))
-    dP = kappa keep o (dO v^T),  D = rowsum(dO o out),  dS = P o (dP - D) [o (1 - tanh^2)]
+    dP = kappa keep o (dO v^T),  D = rowsum(dO o out),  dB = P o (dP - D),  dS = dB [o (1 - tanh^2)]
     dQ = scale dS k,  dK = scale dS^T q,  dV = kappa (P o keep)^T dO
+    dsinks = -sum_{b, rows} p_sink D  (p_sink = exp(sink - shift) / l),  dbias = dB summed to bias's shape
 
 The shift is any exact float (softmax does not depend on it); the row maximum of the
 midpoints keeps ``exp`` in range. Masks come from ``spec.allowed()`` and heads from
@@ -43,11 +45,13 @@ import torch
 from flint import arb, ctx
 
 from attnformal import ops
+from attnformal.features.alibi import alibi_bias
 from attnformal.features import FEATURES, refuse_unsupported
 from attnformal.reference import arb_balls, fp64_balls
 from attnformal.spec import AttentionSpec, SpecError
 
 FIELDS = ("out", "lse", "dq", "dk", "dv")
+PARAMETER_FIELDS = ("dsinks", "dbias")  # gradients of the sinks and the bias, when the problem has them
 ARB_START_PREC = 128
 ARB_MAX_PREC = 4096
 FP64_CHUNK_ELEMENTS = 2**20  # scores per block of query rows: keeps temporaries in cache-sized pieces
@@ -83,11 +87,16 @@ class CertifiedResult:
     dk_radius: torch.Tensor | None = None
     dv: torch.Tensor | None = None
     dv_radius: torch.Tensor | None = None
+    dsinks: torch.Tensor | None = None
+    dsinks_radius: torch.Tensor | None = None
+    dbias: torch.Tensor | None = None
+    dbias_radius: torch.Tensor | None = None
     enclosures: dict | None = None
 
     def fields(self) -> tuple[str, ...]:
-        """The names of the values present (``out``, ``lse`` and, with gradients, ``dq``, ``dk``, ``dv``)."""
-        return tuple(name for name in FIELDS if getattr(self, name) is not None)
+        """The names of the values present (``out``, ``lse`` and, with gradients, ``dq``, ``dk``, ``dv``
+        and ``dsinks``, ``dbias`` when the problem has sinks or a bias)."""
+        return tuple(name for name in (*FIELDS, *PARAMETER_FIELDS) if getattr(self, name) is not None)
 
     def contains(self, name: str, values: torch.Tensor) -> torch.Tensor:
         """Bool tensor: ``values`` (any float dtype) provably within the ball of each element.
@@ -177,8 +186,9 @@ def _run_tiled(spec, x: dict, progress, executor, tiling) -> CertifiedResult:
 
 def reference_supports() -> set[str]:
     """The features the certified and mpmath references compute: every mask (through ``spec.allowed``),
-    dropout, and the score modifications they implement by name (softcap)."""
-    return {f.name for f in FEATURES if f.role in ("interval", "length", "data", "dropout")} | {"softcap"}
+    dropout, and the score and state features they implement by name (softcap, ALiBi, bias, sinks)."""
+    return ({f.name for f in FEATURES if f.role in ("interval", "length", "data", "dropout")}
+            | {"softcap", "alibi_slopes", "bias", "sinks"})
 
 
 def exact_inputs(spec: AttentionSpec, q, k, v, grad_out) -> dict:
@@ -234,46 +244,65 @@ def _run(bk, spec: AttentionSpec, x: dict, progress, prec) -> CertifiedResult:
         allowed = spec.allowed("cpu")
         keep = spec.dropout_mask.cpu() if spec.dropout_mask is not None else None
         grad_out = x.get("grad_out")
+        sinks = None if spec.sinks is None else spec.sinks.detach().cpu().double()[None, :, None, None]
         budget = FP64_CHUNK_ELEMENTS if bk is fp64_balls else ARB_CHUNK_ELEMENTS
         rows = max(1, budget // max(1, spec.batch * spec.heads_q * spec.len_k))
-        parts, dk, dv = [], None, None
+        parts, summed = [], {}
         starts = range(0, max(spec.len_q, 1), rows)  # one (empty) block when Sq = 0
         for n, r0 in enumerate(starts):
-            sl = slice(r0, r0 + rows)
+            sl = slice(r0, min(r0 + rows, spec.len_q))
             part = _rows(bk, spec, x["q"][:, :, sl], k, v, None if grad_out is None else grad_out[:, :, sl],
-                         allowed[:, :, sl], None if keep is None else keep[:, :, sl], kappa)
+                         allowed[:, :, sl], None if keep is None else keep[:, :, sl], kappa,
+                         score_bias(bk, spec, sl), sinks)
             parts.append(part)
-            if grad_out is not None:
-                dk = part["dk"] if dk is None else bk.add(dk, part["dk"])
-                dv = part["dv"] if dv is None else bk.add(dv, part["dv"])
+            for name in ("dk", "dv", "dsinks"):  # sums over all query rows
+                if name in part:
+                    summed[name] = part[name] if name not in summed else bk.add(summed[name], part[name])
             if progress is not None:
                 progress(n + 1, len(starts))
         balls = {"out": bk.cat([p["out"] for p in parts], 2),
                  "lse": np.concatenate([p["lse"] for p in parts], 2)}
         if grad_out is not None:
             balls["dq"] = bk.cat([p["dq"] for p in parts], 2)
-            balls["dk"], balls["dv"] = (_sum_query_heads(bk, spec, g) for g in (dk, dv))
+            balls["dk"], balls["dv"] = (_sum_query_heads(bk, spec, summed[g]) for g in ("dk", "dv"))
+            if "dsinks" in summed:
+                balls["dsinks"] = bk.reshape(summed["dsinks"], (spec.heads_q,))
+            if spec.bias is not None:
+                balls["dbias"] = sum_to_shape(bk, bk.cat([p["dbias"] for p in parts], 2), tuple(spec.bias.shape))
         return _result(bk, spec, balls, prec)
 
 
-def _rows(bk, spec: AttentionSpec, q, k, v, grad_out, allowed, keep, kappa) -> dict:
-    """Forward (and backward) for one block of query rows, all batches and heads at once."""
+def _rows(bk, spec: AttentionSpec, q, k, v, grad_out, allowed, keep, kappa, bias=None, sinks=None) -> dict:
+    """Forward (and backward) for one block of query rows, all batches and heads at once.
+
+    ``bias``: the block's score bias (balls) or None; ``sinks``: ``[1, Hq, 1, 1]`` float64 or None.
+    """
     s = bk.mul_exact(bk.dot(q, k.mT), spec.scale)
     t = None
     if spec.softcap is not None:
         t = bk.tanh(bk.div_exact(s, spec.softcap))
         s = bk.mul_exact(t, spec.softcap)
-    shift = _row_shift(bk.mid(s), allowed)
+    if bias is not None:
+        s = bk.add(s, bias)
+    shift = _row_shift(bk.mid(s), allowed, sinks)
     e = bk.where(allowed, bk.exp(bk.sub_exact(s, shift)))
     nonempty = allowed.any(-1, keepdim=True)
     l = bk.sum_dim(e, -1)
-    p = bk.div(e, bk.where(nonempty, l, other=1.0))  # empty rows: E = 0 exactly, so P = 0
+    seen = nonempty
+    if sinks is not None:  # the sink's term joins the denominator; -inf (no sink) adds exactly 0
+        finite = torch.isfinite(sinks).expand_as(shift)
+        sink = torch.where(finite, sinks, 0.0).expand_as(shift).contiguous()
+        sink_term = bk.where(finite, bk.exp(bk.sub_exact(bk.exact(sink), shift)))
+        l = bk.add(l, sink_term)
+        seen = nonempty | finite
+    l_safe = bk.where(seen, l, other=1.0)
+    p = bk.div(e, l_safe)  # empty rows: E = 0 exactly, so P = 0
     kept = p if keep is None else bk.where(keep, p)
     out = bk.matmul(kept, v)
     if kappa is not None:
         out = bk.mul(out, kappa)
     out = bk.where(nonempty, out)  # the empty-row rule, exactly (radius 0 too)
-    part = {"out": out, "lse": _lse(bk, shift, l, nonempty)}
+    part = {"out": out, "lse": _lse(bk, shift, l, seen)}
     if grad_out is None:
         return part
     dp = bk.dot(grad_out, v.mT)
@@ -281,6 +310,11 @@ def _rows(bk, spec: AttentionSpec, q, k, v, grad_out, allowed, keep, kappa) -> d
         dp = bk.mul(bk.where(keep, dp), kappa)
     delta = bk.sum_dim(bk.mul_exact(out, grad_out), -1)
     ds = bk.mul(p, bk.sub(dp, delta))
+    if spec.bias is not None:
+        part["dbias"] = ds  # a bias is added to the final scores: its gradient is dS before the softcap's
+    if sinks is not None:  # d sink = -p_sink D per row, summed over batches and rows
+        per_row = bk.mul_exact(bk.mul(bk.div(sink_term, l_safe), delta), -1.0)
+        part["dsinks"] = bk.sum_dim(bk.sum_dim(per_row, 0), 2)
     if t is not None:
         ds = bk.mul(ds, bk.rsub_exact(1.0, bk.mul(t, t)))  # d softcap / d s = 1 - tanh^2
     dv = bk.matmul(bk.transpose(kept), grad_out)
@@ -290,10 +324,51 @@ def _rows(bk, spec: AttentionSpec, q, k, v, grad_out, allowed, keep, kappa) -> d
     return part
 
 
-def _row_shift(s_mid: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """The exact float each row's scores are shifted by: their largest midpoint, 0 if none."""
+def _row_shift(s_mid: torch.Tensor, allowed: torch.Tensor, sinks=None) -> torch.Tensor:
+    """The exact float each row's scores are shifted by: their largest midpoint (or sink), 0 if none."""
     shift = ops.rowmax(s_mid.masked_fill(~allowed, -math.inf))  # -inf for a row of no keys (Sk = 0)
+    if sinks is not None:
+        shift = torch.maximum(shift, sinks)
     return torch.where(torch.isfinite(shift), shift, 0.0)
+
+
+def score_bias(bk, spec: AttentionSpec, rows: slice, cols: slice | None = None, batches=None):
+    """The exact score bias of the tile ``rows x cols`` of ``batches`` (all by default) as balls
+    ``[len(batches), Hq, rows, cols]``, or None.
+
+    ALiBi's is ``slope * (-|i + Sk_b - Sq - j|)``: the distance is an exact integer (the feature's
+    own ``alibi_bias`` at slope 1), the product is rounded once (``mul_exact``); ``bias`` is exact.
+    """
+    if spec.alibi_slopes is None and spec.bias is None:
+        return None
+    cols = slice(0, spec.len_k) if cols is None else cols
+    batches = list(range(spec.batch)) if batches is None else list(batches)
+    full = (len(batches), spec.heads_q, rows.stop - rows.start, cols.stop - cols.start)
+    total = bk.exact(torch.zeros(full, dtype=torch.float64))
+    if spec.alibi_slopes is not None:
+        i = torch.arange(rows.start, rows.stop, dtype=torch.float64)[:, None]
+        j = torch.arange(cols.start, cols.stop, dtype=torch.float64)[None, :]
+        len_k = spec.key_lengths(torch.tensor(batches, dtype=torch.int64)).double()[:, None, None, None]
+        distance = alibi_bias(i, j, 1.0, spec.len_q, len_k).expand(full).contiguous()
+        slopes = spec.alibi_slopes.cpu().double()[batches][:, :, None, None]
+        total = bk.mul_exact(bk.exact(distance), slopes)
+    if spec.bias is not None:
+        bias = spec.bias.detach().cpu().double().expand(spec.batch, spec.heads_q, spec.len_q, spec.len_k)
+        total = bk.add(total, bk.exact(bias[batches][:, :, rows, cols].contiguous()))
+    return total
+
+
+def sum_to_shape(bk, full, shape: tuple):
+    """Balls ``[B, Hq, Sq, Sk]`` summed over the dimensions a tensor of ``shape`` was broadcast along."""
+    padded = (1,) * (4 - len(shape)) + shape
+    for d, n in enumerate(padded):
+        if n == 1 and _size(full, d) != 1:
+            full = bk.sum_dim(full, d)
+    return bk.reshape(full, shape)
+
+
+def _size(balls, d: int) -> int:
+    return balls.mid.shape[d] if hasattr(balls, "mid") else balls.shape[d]
 
 
 def _lse(bk, shift, l, nonempty) -> np.ndarray:

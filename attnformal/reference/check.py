@@ -79,6 +79,9 @@ def _forward_backward(golden: Golden, impl, device: str) -> tuple[dict, list]:
     kwargs = {name: (value.to(device) if isinstance(value, torch.Tensor) else value)
               for name, value in golden.protocol_kwargs().items()}
     leaves = [x[name].detach().clone().requires_grad_(True) for name in ("q", "k", "v")]
+    parameters = {name: kwargs[name].detach().clone().requires_grad_(True) for name in ("sinks", "bias")
+                  if f"d{name}" in golden.reference}  # their gradients are judged too
+    kwargs.update(parameters)
     try:
         result, no_lse = _call("the implementation", impl, *leaves, return_lse=True, **kwargs), None
     except NotImplementedError as err:  # perhaps only the lse: try without it
@@ -91,13 +94,14 @@ def _forward_backward(golden: Golden, impl, device: str) -> tuple[dict, list]:
         produced["lse"] = _expect_tensor("lse", lse, golden)
     if not out.requires_grad:
         return produced, skipped + [(name, "the output is not differentiable (forward only)")
-                                    for name in ("dq", "dk", "dv")]
+                                    for name in ("dq", "dk", "dv", *(f"d{n}" for n in parameters))]
     _call("its backward", out.backward, x["grad_out"].to(out.dtype))
-    for name, leaf in zip(("dq", "dk", "dv"), leaves):
+    named = {**dict(zip(("dq", "dk", "dv"), leaves)), **{f"d{name}": t for name, t in parameters.items()}}
+    for name, leaf in named.items():
         if leaf.grad is None:
-            skipped.append((name, f"the output does not depend on {name[1]}"))
-        else:
-            produced[name] = _expect_tensor(name, leaf.grad, golden)
+            skipped.append((name, f"the output does not depend on {name[1:]}"))
+        else:  # d sinks, d bias are judged in the inputs' dtype (their leaves hold the stored float64 values)
+            produced[name] = _expect_tensor(name, leaf.grad.to(golden.dtype), golden)
     return produced, skipped
 
 

@@ -280,6 +280,10 @@ def cat(parts: list[Ball], dim: int) -> Ball:
     return Ball(torch.cat([p.mid for p in parts], dim), torch.cat([p.rad for p in parts], dim))
 
 
+def reshape(a: Ball, shape) -> Ball:
+    return Ball(a.mid.reshape(shape), a.rad.reshape(shape))
+
+
 def mid(a: Ball) -> torch.Tensor:
     return a.mid
 

@@ -7,11 +7,12 @@ Format (version 1): one NumPy ``.npz`` archive holding
   ``reference`` (tier, largest enclosure radius, what a radius means) and ``arrays``
   (shape, dtype and SHA-256 of every array below);
 * inputs as the exact bits of their dtype: ``q_bits``, ``k_bits``, ``v_bits``, ``grad_out_bits``
-  (uint16 for float16/bfloat16, uint32 for float32, uint64 for float64), and the bool
-  ``attn_mask`` / ``dropout_mask`` when the spec has them;
-* reference values in float64 with their radii: ``out``, ``lse``, ``dq``, ``dk``, ``dv`` and
-  ``out_radius`` ... ``dv_radius``: the exact value (for the exact inputs) lies within
-  ``value +- radius``, rigorously (see :mod:`attnformal.reference.certified`).
+  (uint16 for float16/bfloat16, uint32 for float32, uint64 for float64), and every tensor
+  feature the spec has (``attn_mask`` / ``dropout_mask`` as bool; ``sinks``, ``alibi_slopes``,
+  ``bias`` as float64, exact: their values whatever dtype they came in);
+* reference values in float64 with their radii: ``out``, ``lse``, ``dq``, ``dk``, ``dv`` (and
+  ``dsinks``, ``dbias`` with sinks or a bias) and ``out_radius`` ...: the exact value (for the
+  exact inputs) lies within ``value +- radius``, rigorously (see :mod:`attnformal.reference.certified`).
 
 Inputs: ``q, k, v, grad_out ~ N(0, 1) * input_scale`` rounded to ``dtype``, then the dropout
 keep-mask (``Bernoulli(1 - p)``) and the attention mask (``Bernoulli(density)``), drawn in
@@ -34,7 +35,7 @@ import torch
 from attnformal import __version__
 from attnformal.cli import atomic_path, output_file
 from attnformal.features import FEATURES
-from attnformal.reference.certified import FIELDS, CertifiedResult, certified_attention
+from attnformal.reference.certified import FIELDS, PARAMETER_FIELDS, CertifiedResult, certified_attention
 from attnformal.spec import AttentionSpec, SpecError
 
 FORMAT, VERSION = "attnformal-golden", 1
@@ -74,6 +75,17 @@ def protocol_kwargs(spec: AttentionSpec) -> dict:
     """The implementation-protocol keywords that reproduce ``spec`` (every feature, with its mask tensors)."""
     return {"scale": spec.scale, **{f.name: f.from_json(f.to_json(value)) if not f.tensor else value
                                     for f, value in zip(FEATURES, spec.values().values())}}
+
+
+def _tensor_features(spec: AttentionSpec) -> dict:
+    """``{name: numpy array}`` of the spec's tensor features: bool masks as they are, floats as float64."""
+    arrays = {}
+    for f in FEATURES:
+        value = getattr(spec, f.name)
+        if f.tensor and value is not None:
+            value = value.detach().cpu()
+            arrays[f.name] = (value if value.dtype == torch.bool else value.double()).contiguous().numpy().copy()
+    return arrays
 
 
 # ---------------------------------------------------------------- inputs
@@ -126,11 +138,8 @@ def save(path, inputs: dict, result: CertifiedResult, *, seed: int, generator: d
     spec = result.spec
     dtype = str(inputs["q"].dtype).removeprefix("torch.")
     arrays = {f"{name}_bits": _to_bits(inputs[name]) for name in INPUTS}
-    for name in ("attn_mask", "dropout_mask"):
-        mask = getattr(spec, name)
-        if mask is not None:
-            arrays[name] = mask.cpu().numpy().copy()
-    for name in FIELDS:
+    arrays.update(_tensor_features(spec))
+    for name in result.fields():
         arrays[name] = getattr(result, name).numpy()
         arrays[f"{name}_radius"] = getattr(result, f"{name}_radius").numpy()
     meta = {"format": FORMAT, "version": VERSION, "dtype": dtype, "seed": seed, "spec": spec.to_json(),
@@ -196,7 +205,7 @@ def load(path, *, verify: bool = True) -> Golden:
     inputs = {name: _from_bits(arrays[f"{name}_bits"], meta["dtype"]) for name in INPUTS}
     spec = _rebuild_spec(path, meta, inputs, arrays)
     reference = {name: (torch.from_numpy(arrays[name]), torch.from_numpy(arrays[f"{name}_radius"]))
-                 for name in FIELDS}
+                 for name in (*FIELDS, *PARAMETER_FIELDS) if name in arrays}
     _check_reference(path, spec, reference)
     if verify:
         _verify_sample(path, spec, inputs, reference)
@@ -269,6 +278,14 @@ def _check_reference(path, spec: AttentionSpec, reference: dict) -> None:
               "dq": (spec.batch, spec.heads_q, spec.len_q, spec.head_dim),
               "dk": (spec.batch, spec.heads_kv, spec.len_k, spec.head_dim),
               "dv": (spec.batch, spec.heads_kv, spec.len_k, spec.head_dim_v)}
+    for name, feature in (("dsinks", "sinks"), ("dbias", "bias")):
+        if getattr(spec, feature) is not None:
+            shapes[name] = tuple(getattr(spec, feature).shape)
+    wanted = [name for name in shapes if name not in reference]
+    unexpected = [name for name in reference if name not in shapes]
+    if wanted or unexpected:
+        raise GoldenError(path, f"reference {(wanted or unexpected)[0]!r} is "
+                                f"{'missing' if wanted else 'stored, but the spec has no such input'}")
     for name, (value, radius) in reference.items():
         if tuple(value.shape) != shapes[name] or tuple(radius.shape) != shapes[name]:
             raise GoldenError(path, f"reference {name!r} has shape {list(value.shape)}, "
@@ -287,11 +304,10 @@ def _verify_sample(path, spec: AttentionSpec, inputs: dict, reference: dict) -> 
             continue
         g = int(heads[h])
         kwargs = protocol_kwargs(spec)
-        for f in FEATURES:  # batch element b (and head h of the mask data) on its own
-            if f.per_batch and kwargs[f.name] is not None:
-                kwargs[f.name] = [kwargs[f.name][b]]
-            if f.tensor and kwargs[f.name] is not None:
-                kwargs[f.name] = kwargs[f.name][b:b + 1, h:h + 1]
+        full = (spec.batch, spec.heads_q, spec.len_q, spec.len_k)
+        for f in FEATURES:  # batch element b and query head h on their own
+            if kwargs[f.name] is not None:
+                kwargs[f.name] = f.one_element(kwargs[f.name], b, h, full)
         x = {name: inputs[name][b:b + 1, hh:hh + 1]
              for name, hh in (("q", h), ("k", g), ("v", g), ("grad_out", h))}
         fresh = certified_attention(x["q"], x["k"], x["v"], x["grad_out"], **kwargs)

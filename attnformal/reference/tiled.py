@@ -5,17 +5,22 @@ balls), exactly as the kernels run them on tensors, and the work is a grid of ta
 ``(batch group, query chunk, key part)``:
 
 * **forward task**: each query block of the chunk folds the key tiles of the part,
-  ``state = merge(state, block_state(tile_scores(tile)))`` -> one partial state per row;
+  ``state = merge(state, block_state(tile_scores(tile)))`` -> one partial state per row (the
+  first part's fold starts from the sink state, ``merge.initial_state``, with sinks);
 * the driver combines the parts' states in part order (``split_kv.combine``, i.e. the spec's
   ``merge``; the monoid laws of obligation 2 make any split valid) and finalises
   (``merge.finalize``) -> out, lse; then ``delta = rowsum(dO * out)``;
-* **backward task**: ``tile.tile_grads`` on each tile (P recomputed from the certified lse,
-  FlashAttention-2 style) -> the chunk's dQ rows and the part's dK, dV rows per query head;
-* the driver adds dQ over parts and dK, dV over chunks, and sums each GQA group.
+* **backward task**: ``tile.tile_grads_and_dbias`` on each tile (P recomputed from the certified
+  lse, FlashAttention-2 style) -> the chunk's dQ rows and the part's dK, dV rows per query head
+  (and the tiles' d bias);
+* the driver adds dQ over parts and dK, dV over chunks, and sums each GQA group; ``d sinks`` is
+  ``tile.sink_grads`` of the certified lse and delta, summed over batches and rows; ``d bias`` is
+  summed down to the bias's shape.
 
 Tiles are visited as :class:`~attnformal.schedule.TileSchedule` says (``kv_range``: SKIP tiles
 never; ``tile_class``: FULL tiles unmasked) -- the proven schedule. Nothing of size ``Sq x Sk``
-exists: the peak is the inputs and results (``O((Sq + Sk)(D + Dv))``) plus a few tiles.
+exists: the peak is the inputs and results (``O((Sq + Sk)(D + Dv))``) plus a few tiles -- except
+``d bias``, accumulated at ``[B, Hq, Sq, Sk]`` before it is summed to the bias's own shape.
 
 Tasks run on an executor (:mod:`attnformal.distributed`): in this process, or on a cluster.
 The result is **bitwise identical** wherever they run: the task grid depends on the problem
@@ -36,12 +41,12 @@ import torch
 from attnformal import ops
 from attnformal.kernels.split_kv import combine
 from attnformal.masks import may_attend
-from attnformal.merge import SoftmaxState, block_state, finalize, merge
+from attnformal.merge import SoftmaxState, block_state, finalize, initial_state, merge
 from attnformal.reference import fp64_balls as fb
 from attnformal.reference.balls import Balls, cat, exact_state
 from attnformal.schedule import FULL, TileSchedule
 from attnformal.spec import AttentionSpec
-from attnformal.tile import tile_grads, tile_scores
+from attnformal.tile import sink_grads, tile_grads_and_dbias, tile_scores
 
 TASK_THREADS = 1  # torch threads inside a task: parallelism comes from tasks, results from one path
 
@@ -164,9 +169,24 @@ class _Tiles:
         keep = self.spec.dropout_mask[:, :, self.rows(bm), self.cols(bn)][self.b]
         return ops.where(keep, Balls.of(self.p.kappa), 0.0)
 
+    def bias(self, bm, bn):
+        """The tile's score bias (ALiBi, ``bias``) as balls, or None."""
+        from attnformal.reference.certified import score_bias
+
+        bias = score_bias(fb, self.spec, self.rows(bm), self.cols(bn), self.b)
+        return None if bias is None else Balls.of(bias)
+
+    def sinks(self, bm):
+        """Each row's sink logit as exact balls ``[Bg, Hq, rows, 1]``, or None."""
+        if self.spec.sinks is None:
+            return None
+        rows = self.rows(bm)
+        sinks = self.spec.sinks.detach().cpu().double()[None, :, None, None]
+        return Balls(sinks.expand(len(self.b), -1, rows.stop - rows.start, 1).contiguous())
+
     def scores(self, bm, bn):
         s, _ = tile_scores(self.q(bm), self.kv(self.p.k, bn), self.spec.scale, self.spec.softcap,
-                           self.allowed(bm, bn))
+                           self.allowed(bm, bn), self.bias(bm, bn))
         return s
 
 
@@ -182,14 +202,17 @@ def forward_task(problem: Problem, task: Task) -> SoftmaxState:
         for bm in t.query_blocks():
             rows = t.rows(bm)
             state = exact_state((len(t.b), t.spec.heads_q, rows.stop - rows.start), t.spec.head_dim_v)
+            if task.keys[0] == 0:  # the sink is merged once per row: into the first part's fold
+                state = initial_state(state, t.sinks(bm))
             for bn in t.key_blocks(bm):
                 state = merge(state, block_state(t.scores(bm, bn), t.kv(problem.v, bn), t.weights(bm, bn)))
             states.append(state)
         return SoftmaxState(*(cat(list(parts), 2) for parts in zip(*states)))
 
 
-def backward_task(problem: Problem, item) -> tuple[Balls, Balls, Balls]:
-    """``(dq, dk, dv)`` of the task's tiles: dQ of its rows, dK and dV of its keys, per query head.
+def backward_task(problem: Problem, item) -> tuple[Balls, Balls, Balls, Balls | None]:
+    """``(dq, dk, dv, dbias)`` of the task's tiles: dQ of its rows, dK and dV of its keys, per query
+    head, and d bias ``[Bg, Hq, rows, keys]`` of the task's tiles (None without a bias).
 
     ``item`` is ``(task, lse, delta)`` with the certified lse and ``delta = rowsum(dO * out)``
     of the task's rows, ``[Bg, Hq, rows, 1]``.
@@ -201,18 +224,23 @@ def backward_task(problem: Problem, item) -> tuple[Balls, Balls, Balls]:
         dq = _zeros(len(t.b), spec.heads_q, task.rows[1] - r0, spec.head_dim)
         dk = _zeros(len(t.b), spec.heads_q, task.keys[1] - k0, spec.head_dim)
         dv = _zeros(len(t.b), spec.heads_q, task.keys[1] - k0, spec.head_dim_v)
+        dbias = None if spec.bias is None else _zeros(len(t.b), spec.heads_q, task.rows[1] - r0, task.keys[1] - k0)
         for bm in t.query_blocks():
             rows = t.rows(bm)
             at = slice(rows.start - r0, rows.stop - r0)
             for bn in t.key_blocks(bm):
                 cols = t.cols(bn)
-                dq_t, dk_t, dv_t = tile_grads(
+                dq_t, dk_t, dv_t, dbias_t = tile_grads_and_dbias(
                     t.q(bm), t.kv(problem.k, bn), t.kv(problem.v, bn), t.grad_out(bm), lse[:, :, at], delta[:, :, at],
-                    scale=spec.scale, softcap=spec.softcap, allowed=t.allowed(bm, bn), weights=t.weights(bm, bn))
+                    scale=spec.scale, softcap=spec.softcap, allowed=t.allowed(bm, bn), weights=t.weights(bm, bn),
+                    bias=t.bias(bm, bn))
+                keys = slice(cols.start - k0, cols.stop - k0)
                 _add_at(dq, at, dq_t)
-                _add_at(dk, slice(cols.start - k0, cols.stop - k0), dk_t)
-                _add_at(dv, slice(cols.start - k0, cols.stop - k0), dv_t)
-        return dq, dk, dv
+                _add_at(dk, keys, dk_t)
+                _add_at(dv, keys, dv_t)
+                if dbias is not None:  # each tile is visited once: a placement, not a sum
+                    dbias.mid[:, :, at, keys], dbias.rad[:, :, at, keys] = dbias_t.mid, dbias_t.rad
+        return dq, dk, dv, dbias
 
 
 def _zeros(*shape) -> Balls:
@@ -239,6 +267,7 @@ def tiled_balls(problem: Problem, executor, progress=None) -> dict[str, Balls]:
     out = _zeros(spec.batch, spec.heads_q, spec.len_q, spec.head_dim_v)
     lse = _zeros(spec.batch, spec.heads_q, spec.len_q, 1)
     rows_of = {}  # (batches, rows) -> (lse, delta) of those rows, for the backward tasks
+    dsinks = None
     forward = done.wrap(executor.map(forward_task, problem, tasks))
     for chunk in _batched(zip(tasks, forward), problem.parts):
         task = chunk[0][0]
@@ -248,18 +277,39 @@ def tiled_balls(problem: Problem, executor, progress=None) -> dict[str, Balls]:
         if problem.grad_out is not None:
             delta = ops.rowsum(Balls(problem.grad_out[:, :, slice(*task.rows)][list(task.batches)]) * o)
             rows_of[task.batches, task.rows] = (row_lse, delta)
+            if spec.sinks is not None:
+                part = _sink_grad(spec, row_lse, delta)
+                dsinks = part if dsinks is None else dsinks + part
     balls = {"out": out, "lse": lse}
     if problem.grad_out is None:
         return balls
     dq = _zeros(spec.batch, spec.heads_q, spec.len_q, spec.head_dim)
     dk = _zeros(spec.batch, spec.heads_q, spec.len_k, spec.head_dim)
     dv = _zeros(spec.batch, spec.heads_q, spec.len_k, spec.head_dim_v)
+    dbias = None if spec.bias is None else _zeros(spec.batch, spec.heads_q, spec.len_q, spec.len_k)
     items = [(task, *rows_of[task.batches, task.rows]) for task in tasks]
-    for task, (dq_t, dk_t, dv_t) in zip(tasks, done.wrap(executor.map(backward_task, problem, items))):
+    for task, (dq_t, dk_t, dv_t, dbias_t) in zip(tasks, done.wrap(executor.map(backward_task, problem, items))):
         _accumulate(dq, task, task.rows, dq_t)
         _accumulate(dk, task, task.keys, dk_t)
         _accumulate(dv, task, task.keys, dv_t)
-    return {**balls, "dq": dq, "dk": dk, "dv": dv}
+        if dbias is not None:
+            index = (list(task.batches), slice(None), slice(*task.rows), slice(*task.keys))
+            dbias.mid[index], dbias.rad[index] = dbias_t.mid, dbias_t.rad
+    grads = {"dq": dq, "dk": dk, "dv": dv}
+    if dsinks is not None:
+        grads["dsinks"] = dsinks
+    if dbias is not None:
+        from attnformal.reference.certified import sum_to_shape
+
+        grads["dbias"] = Balls.of(sum_to_shape(fb, dbias.ball, tuple(spec.bias.shape)))
+    return {**balls, **grads}
+
+
+def _sink_grad(spec: AttentionSpec, lse: Balls, delta: Balls) -> Balls:
+    """``d sinks`` ``[Hq]`` contributed by some rows: ``tile.sink_grads`` summed over batches and rows."""
+    sinks = Balls(spec.sinks.detach().cpu().double()[None, :, None, None].expand(*lse.shape).contiguous())
+    per_row = sink_grads(sinks, lse, delta).ball
+    return Balls.of(fb.reshape(fb.sum_dim(fb.sum_dim(per_row, 0), 2), (spec.heads_q,)))
 
 
 def _put(total: Balls, task: Task, part: Balls) -> None:

@@ -18,7 +18,9 @@ import torch
 
 from attnformal.features import FEATURES as REGISTERED
 
-FIELDS = ("out", "lse", "dq", "dk", "dv")
+FIELDS = ("out", "lse", "dq", "dk", "dv", "dsinks", "dbias")
+LAID_OUT = FIELDS[:5]  # the [B, H, S, ...] tensors the diagnosis localises (d sinks, d bias have other shapes)
+DIFFERENTIABLE = ("sinks", "bias")  # keyword tensors whose gradients the protocol returns (d<name>)
 # The protocol features a case can exercise (coverage, --require): the registered features, with causal
 # by alignment and dropout as drawn by the implementation or replayed.
 _SPLIT = ("causal", "dropout_p", "dropout_mask")
@@ -44,6 +46,8 @@ class Observed:
     dq: torch.Tensor | None = None
     dk: torch.Tensor | None = None
     dv: torch.Tensor | None = None
+    dsinks: torch.Tensor | None = None
+    dbias: torch.Tensor | None = None
 
     def get(self, name):
         return getattr(self, name)
@@ -75,12 +79,16 @@ def call(impl, case, *, lse=False, backward=False, watch=None) -> Observed:
     """
     leaves = [t.detach().requires_grad_(backward) for t in (case.q, case.k, case.v)]  # strides kept
     before = [t.detach().clone() for t in leaves]
+    kwargs = dict(case.kwargs)
+    if backward:  # the differentiable keywords are leaves too: their gradients are judged
+        kwargs.update({n: kwargs[n].detach().clone().requires_grad_(True) for n in DIFFERENTIABLE
+                       if kwargs.get(n) is not None})
     if watch is not None:
         watch.before(case, lse, backward)
     try:
-        result = impl(*leaves, return_lse=lse, **case.kwargs)
+        result = impl(*leaves, return_lse=lse, **kwargs)
         out, out_lse = _unpack(result, lse)
-        grads = _backward(out, leaves, case.grad_out) if backward else (None, None, None)
+        grads = _backward(out, leaves, case.grad_out, kwargs) if backward else ()
     except NotImplementedError as err:
         raise Unsupported(case_features(case, lse=lse, backward=backward), str(err) or "NotImplementedError") from None
     except TypeError as err:
@@ -130,15 +138,17 @@ def _unpack(result, want_lse):
     return out, lse
 
 
-def _backward(out, leaves, grad_out):
+def _backward(out, leaves, grad_out, kwargs):
+    """``(dq, dk, dv, dsinks, dbias)``; the last two None when the case has no sinks or bias."""
     if not out.requires_grad:
         raise ContractError("the output does not require grad: no backward through autograd")
     out.backward(grad_out.to(out.dtype))
-    grads = tuple(t.grad for t in leaves)
-    for name, g in zip(("dq", "dk", "dv"), grads):
-        if g is None:
+    named = dict(zip(("dq", "dk", "dv"), leaves))
+    named.update({f"d{n}": kwargs[n] for n in DIFFERENTIABLE if kwargs.get(n) is not None})
+    for name, t in named.items():
+        if t.grad is None:
             raise ContractError(f"{name} is None: the backward does not reach that input")
-    return grads
+    return tuple(named[n].grad if n in named else None for n in ("dq", "dk", "dv", "dsinks", "dbias"))
 
 
 def _restore_inputs(leaves, before):
@@ -154,6 +164,10 @@ def _check_contract(case, observed: Observed):
     dtype, device = case.dtype, case.q.device
     want = {"out": (spec.batch, spec.heads_q, spec.len_q, spec.head_dim_v), "lse": (spec.batch, spec.heads_q, spec.len_q),
             "dq": tuple(case.q.shape), "dk": tuple(case.k.shape), "dv": tuple(case.v.shape)}
+    dtypes = {name: dtype for name in want}
+    for n in DIFFERENTIABLE:
+        if case.kwargs.get(n) is not None:
+            want[f"d{n}"], dtypes[f"d{n}"] = tuple(case.kwargs[n].shape), case.kwargs[n].dtype
     lse_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     for name in FIELDS:
         t = observed.get(name)
@@ -161,7 +175,7 @@ def _check_contract(case, observed: Observed):
             continue
         if not isinstance(t, torch.Tensor):
             raise ContractError(f"{name} is a {type(t).__name__}, not a tensor")
-        expected_dtype = lse_dtype if name == "lse" else dtype
+        expected_dtype = lse_dtype if name == "lse" else dtypes[name]
         if tuple(t.shape) != want[name]:
             raise ContractError(f"{name} has shape {list(t.shape)}, expected {list(want[name])}")
         if t.dtype != expected_dtype:

@@ -71,6 +71,12 @@ BUG_CLASSES = {c.id: c for c in (
     BugClass("batch_indexing", "batches read the wrong batch's inputs (e.g. all read batch 0)"),
     BugClass("scale_ignored", "the scale argument is ignored or applied wrongly"),
     BugClass("softcap_wrong", "softcap is applied wrongly (e.g. before the scale)"),
+    BugClass("sink_not_in_lse", "the attention sink is left out of lse (the output is normalised with it)"),
+    BugClass("sink_value", "the attention sink carries a value into the output (it must only join the "
+                           "denominator)"),
+    BugClass("alibi_sign", "ALiBi's bias has the wrong sign (+slope * distance)"),
+    BugClass("alibi_alignment", "ALiBi's distance is aligned top-left (|i - j|) instead of bottom-right "
+                                "(|i + Sk - Sq - j|, flash-attention's convention)"),
     BugClass("strides_ignored", "non-contiguous inputs are read as if contiguous (strides ignored)"),
     BugClass("low_precision_accumulation", "accumulation in low precision: the error grows with the sequence length"),
     BugClass("nondeterminism", "repeated identical calls disagree (a race or an uninitialised read)"),
@@ -264,8 +270,9 @@ def _mutants(case, backward: bool):
         if f.edge_bug is not None and rolled != list(getattr(spec, f.name)):
             yield (f.edge_bug[0], f"batch b was given {f.name} of batch b + 1",
                    functools.partial(_reference_of, q, k, v, grad_out, **{**kw, f.name: rolled}))
-    if _mask_free(kw):
-        for block in COMMON_BLOCKS:
+    yield from _score_state_mutants(spec, q, k, v, grad_out, kw)
+    if _mask_free(kw) and kw.get("bias") is None and kw.get("alibi_slopes") is None:  # zero keys appended
+        for block in COMMON_BLOCKS:  # would need bias columns and would move ALiBi's alignment
             if spec.len_k % block and spec.len_k > block // 2:
                 yield ("ragged_block", f"the last key block (block size {block}) is padded with zero keys "
                                        f"that enter the softmax",
@@ -274,6 +281,30 @@ def _mutants(case, backward: bool):
         for pick in ("first", "last"):
             yield ("gqa_backward_not_summed", f"dK/dV of each KV head come from the {pick} query head of its "
                                               f"group only", _one_head_gradients(q, k, v, grad_out, kw, spec, pick))
+
+
+def _score_state_mutants(spec, q, k, v, grad_out, kw):
+    """Mutants of sinks and ALiBi: the sink missing from lse only, ALiBi's sign or alignment wrong."""
+    if spec.sinks is not None and bool(torch.isfinite(spec.sinks).any()):
+        yield ("sink_not_in_lse", "lse leaves the sinks out (the output keeps them)",
+               lambda: {"lse": _reference_of(q, k, v, None, **{**kw, "sinks": None})["lse"]})
+    if spec.alibi_slopes is not None and bool(spec.alibi_slopes.any()):
+        yield ("alibi_sign", "ALiBi's bias is +slope * distance",
+               lambda: _reference_of(q, k, v, grad_out, **{**kw, "alibi_slopes": -kw["alibi_slopes"]}))
+        if spec.len_q != spec.len_k or spec.kv_lens is not None:
+            yield ("alibi_alignment", "ALiBi's distance is |i - j| (aligned top-left)",
+                   lambda: _reference_of(q, k, v, grad_out, **_top_left_alibi(spec, kw)))
+
+
+def _top_left_alibi(spec, kw) -> dict:
+    """The keywords with ALiBi replaced by its top-left-aligned bias ``-slope |i - j|`` (added to any bias)."""
+    from attnformal.features.alibi import alibi_bias
+
+    i, j = torch.arange(spec.len_q)[:, None], torch.arange(spec.len_k)[None, :]
+    slopes = spec.alibi_slopes.double().cpu()[:, :, None, None]
+    top_left = alibi_bias(i, j, slopes, spec.len_q, spec.len_q)  # len_k = len_q: the diagonal j = i
+    bias = top_left if kw.get("bias") is None else top_left + kw["bias"].double()
+    return {**kw, "alibi_slopes": None, "bias": bias}
 
 
 def _per_batch(spec: AttentionSpec):

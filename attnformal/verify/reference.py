@@ -37,6 +37,7 @@ from attnformal.testing import accumulation_growth, tolerance_for
 
 FORWARD = ("out", "lse")
 GRADIENTS = ("dq", "dk", "dv")
+PARAMETER_GRADIENTS = {"dsinks": "sinks", "dbias": "bias"}  # gradient -> the keyword tensor it belongs to
 CERTIFIED_MAX_SCORES = 2**17  # larger cases use the oracle: the certified path's cost grows with B*H*Sq*Sk
 ORACLE_ERROR = 2.0**-52
 
@@ -67,6 +68,7 @@ def expected_for(case, *, backward: bool, use_certified: bool = True) -> Expecte
     oracle, p = _oracle_values(spec, q, k, v, grad_out)
     values = values or oracle
     dtypes = {name: _lse_dtype(case.dtype) if name == "lse" else case.dtype for name in values}
+    dtypes.update({name: tensor.dtype for name, tensor in _parameters(case).items() if name in values})
     rss, abs_sum = _term_sizes(spec, q, k, v, p, values["out"], oracle["lse"], grad_out)
     terms = _accumulation(spec)
     floor = _underflow_floor(q, k, v, grad_out, spec)
@@ -75,6 +77,11 @@ def expected_for(case, *, backward: bool, use_certified: bool = True) -> Expecte
     if radius is None:
         radius = {name: (spec.len_k + spec.head_dim) * ORACLE_ERROR * abs_sum[name] for name in values}
     return Expected(values, magnitude, radius, dtypes, source, p)
+
+
+def _parameters(case) -> dict:
+    """``{"dsinks": sinks, "dbias": bias}`` for the differentiable keyword tensors the case has."""
+    return {name: case.kwargs[kw] for name, kw in PARAMETER_GRADIENTS.items() if case.kwargs.get(kw) is not None}
 
 
 def _lse_dtype(dtype):
@@ -110,14 +117,18 @@ def _on_cpu(spec: AttentionSpec) -> AttentionSpec:
 
 
 def _oracle_values(spec, q, k, v, grad_out) -> tuple[dict, torch.Tensor]:
-    """The oracle's values (gradients through autograd) and its probabilities P."""
-    leaves = [t.clone().requires_grad_(grad_out is not None) for t in (q, k, v)]
+    """The oracle's values (gradients through autograd, the sinks' and bias's too) and its probabilities P."""
+    backward = grad_out is not None
+    leaves = [t.clone().requires_grad_(backward) for t in (q, k, v)]
+    parameters = {kw: getattr(spec, kw).detach().double().requires_grad_(backward)
+                  for kw in PARAMETER_GRADIENTS.values() if getattr(spec, kw) is not None}
+    spec = spec.replace(**parameters)
     p, lse = oracle_probabilities(spec, *leaves[:2])
     out = oracle_output(spec, p, leaves[2])
     values = {"out": out.detach(), "lse": lse.detach()}
-    if grad_out is not None:
-        dq, dk, dv = torch.autograd.grad(out, leaves, grad_out)
-        values.update(dq=dq, dk=dk, dv=dv)
+    if backward:
+        names = ["dq", "dk", "dv"] + [f"d{kw}" for kw in parameters]
+        values.update(zip(names, torch.autograd.grad(out, [*leaves, *parameters.values()], grad_out)))
     return values, p.detach()
 
 
@@ -132,7 +143,8 @@ def _certified(case, q, k, v, grad_out):
         result = certified_attention(q, k, v, grad_out, **kwargs)
     except Exception as err:  # the battery must still run; the report names the fallback and why
         return None, None, f"fp64 oracle (certified reference failed: {type(err).__name__}: {err})"
-    names = FORWARD + (GRADIENTS if grad_out is not None else ())
+    names = FORWARD + (GRADIENTS + tuple(n for n in PARAMETER_GRADIENTS if getattr(result, n) is not None)
+                       if grad_out is not None else ())
     values = {name: getattr(result, name) for name in names}
     radius = {name: getattr(result, f"{name}_radius") for name in names}
     return values, radius, f"certified ({result.tier})"
@@ -141,7 +153,11 @@ def _certified(case, q, k, v, grad_out):
 def _accumulation(spec: AttentionSpec) -> dict[str, int]:
     """Terms summed per element: keys for out/lse/dQ, query rows of the whole group for dK/dV."""
     per_key = spec.len_q * spec.group
-    return {"out": spec.len_k, "lse": spec.len_k, "dq": spec.len_k, "dk": per_key, "dv": per_key}
+    terms = {"out": spec.len_k, "lse": spec.len_k, "dq": spec.len_k, "dk": per_key, "dv": per_key,
+             "dsinks": spec.batch * spec.len_q}
+    if spec.bias is not None:  # d bias sums dS over the dimensions the bias was broadcast along
+        terms["dbias"] = spec.batch * spec.heads_q * spec.len_q * spec.len_k // max(1, spec.bias.numel())
+    return terms
 
 
 def _group_sum(t, spec: AttentionSpec):
@@ -164,6 +180,13 @@ def _term_sizes(spec, q, k, v, p, out, lse, grad_out) -> tuple[dict, dict]:
     heads = spec.kv_heads()
     kx, vx = k[:, heads], v[:, heads]
     score_size = spec.scale * (q.abs() @ kx.abs().transpose(-1, -2))  # bounds |s_ij|, so its error
+    bias = spec.score_bias(torch.arange(spec.batch), slice(0, spec.len_q), slice(0, spec.len_k), torch.float32)
+    if bias is not None:  # the biased score is rounded again after the bias is added
+        score_size = score_size + bias.abs()
+    p_sink = None
+    if spec.sinks is not None:  # the sink's share of the denominator, exactly 0 for a -inf sink
+        sink = spec.sinks.detach().float()[None, :, None]
+        p_sink = torch.where(torch.isfinite(sink), (sink - torch.where(torch.isfinite(lse), lse, 0.0)).exp(), 0.0)
     # The scores themselves, from s = lse + log P where P > 0 (elsewhere the term is 0 anyway).
     score_sq = torch.where(p > 0, lse[..., None] + p.clamp(min=torch.finfo(p.dtype).tiny).log(), 0.0) ** 2
     w = dropout_weights(spec)
@@ -175,6 +198,8 @@ def _term_sizes(spec, q, k, v, p, out, lse, grad_out) -> tuple[dict, dict]:
            "lse": torch.ones_like(lse)}
     abs_sum = {"out": (pw * (1 + score_size)) @ vx.abs() + (pw * score_size).sum(-1, keepdim=True) * out.abs(),
                "lse": 1 + (p * score_size).sum(-1)}
+    if p_sink is not None:
+        abs_sum["lse"] = abs_sum["lse"] + p_sink * torch.where(torch.isfinite(sink), sink, 0.0).abs()
     if grad_out is not None:
         do = grad_out.float()
         ds_terms = p * ((w * (do.abs() @ vx.abs().transpose(-1, -2))) + (do.abs() * out.abs()).sum(-1, keepdim=True))
@@ -185,6 +210,14 @@ def _term_sizes(spec, q, k, v, p, out, lse, grad_out) -> tuple[dict, dict]:
         abs_sum["dq"] = spec.scale * ds_abs @ kx.abs()
         abs_sum["dk"] = spec.scale * _group_sum(ds_abs.transpose(-1, -2) @ q.abs(), spec)
         abs_sum["dv"] = _group_sum((pw * (1 + score_size)).transpose(-1, -2) @ do.abs(), spec)
+        if spec.bias is not None:  # d bias = dS, summed to the bias's shape
+            shape = tuple(spec.bias.shape)
+            rss["dbias"] = ds_sq.sum_to_size(shape).sqrt()
+            abs_sum["dbias"] = ds_abs.sum_to_size(shape)
+        if p_sink is not None:  # d sink = -sum_{b, i} p_sink D, D = rowsum(dO * out)
+            delta_terms = p_sink * (do.abs() * out.abs()).sum(-1) * (1 + lse.abs().nan_to_num(posinf=0.0))
+            rss["dsinks"] = (delta_terms * delta_terms).sum(dim=(0, 2)).sqrt()
+            abs_sum["dsinks"] = delta_terms.sum(dim=(0, 2))
     return ({n: t.double() for n, t in rss.items()}, {n: t.double() for n, t in abs_sum.items()})
 
 

@@ -21,7 +21,7 @@ import torch
 
 from attnformal.testing import Comparison, format_ratio
 from attnformal.verify import diagnosis
-from attnformal.verify.calls import FIELDS, ContractError, Observed, Unsupported, call, case_features
+from attnformal.verify.calls import LAID_OUT, ContractError, Observed, Unsupported, call, case_features
 from attnformal.verify.cases import Case, Shape, derive_seed, random_case
 from attnformal.verify.coverage import case_coverage, check_coverage
 from attnformal.verify.diagnosis import Finding, finding
@@ -210,6 +210,7 @@ class CheckRun:
             return None
         expected = expected or self.expected(case, backward=backward)
         names = ["out"] + (["lse"] if lse else []) + (["dq", "dk", "dv"] if backward else [])
+        names += [n for n in ("dsinks", "dbias") if backward and observed.get(n) is not None]
         naive = naive_for(case, backward=backward) if self.settings.tolerance == "naive" and case.dtype in \
             LOW_PRECISION else None
         comparisons = [judge(self.settings.tolerance, n, observed.get(n), expected, case.dtype, naive=naive)
@@ -324,12 +325,12 @@ def _summary(result: CheckResult, failed, records) -> str:
 def _explain(settings: Settings, worst: CaseRecord, result: CheckResult):
     """Localise the worst failing case, look for an explanation, and save its reproducer."""
     result.details.insert(0, f"worst case: {worst.case.describe()} (seed {worst.case.seed})")
-    failing = {c.name: c.max_abs for c in worst.comparisons if not c.passed and c.numel and c.name in FIELDS}
+    failing = {c.name: c.max_abs for c in worst.comparisons if not c.passed and c.numel and c.name in LAID_OUT}
     for c in worst.comparisons:
         if c.passed:
             continue
         result.details.append(c.message())
-        if c.name not in FIELDS:
+        if c.name not in LAID_OUT:
             continue
         if c.ratio is not None and c.numel and worst.expected is not None:
             text, found = diagnosis.localise(c.name, c.ratio > 1, worst.case, worst.expected)

@@ -71,6 +71,13 @@ def test_sympy_identities_prove_refute_and_treat_nan_as_unequal():
     assert check_identities("-oo", [("", -sympy.oo, -sympy.oo)], budget=Budget(10)).ok
 
 
+def test_a_symbol_that_cancels_in_the_difference_still_gets_a_value_in_the_counterexample():
+    """lhs - rhs = -exp(b) has no ``a``, but evaluating lhs = a needs one: the search samples it too."""
+    a, b = sympy.symbols("a b", real=True)
+    refuted = check_identities("a = a + exp(b)", [("", a, a + sympy.exp(b))], budget=Budget(10))
+    assert refuted.status == REFUTED and set(refuted.countermodel) >= {"a", "b"}
+
+
 def test_patched_restores_the_definition():
     import attnformal.merge as spec
 

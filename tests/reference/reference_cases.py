@@ -57,3 +57,13 @@ def mp_inside_arb_balls(values: np.ndarray, balls: np.ndarray) -> np.ndarray:
         ball = balls[idx]
         inside[idx] = (values[idx] == -mpmath.inf) if ball is None else ball.contains(mpf_to_arb(values[idx]))
     return inside
+
+
+def sinks_alibi_bias(batch: int, heads_q: int, len_q: int, len_k: int, dtype=torch.float32, seed: int = 20) -> dict:
+    """Seeded ``sinks`` (one head without: -inf), per-batch ``alibi_slopes`` and a ``[Hq, 1, Sk]`` bias."""
+    gen = torch.Generator().manual_seed(seed)
+    sinks = torch.randn(heads_q, generator=gen, dtype=torch.float64)
+    sinks[-1] = -math.inf
+    slopes = torch.rand(batch, heads_q, generator=gen, dtype=torch.float64)
+    bias = torch.randn(heads_q, 1, len_k, generator=gen, dtype=torch.float64)
+    return {"sinks": sinks.to(dtype), "alibi_slopes": slopes.to(dtype), "bias": bias.to(dtype)}

@@ -16,7 +16,7 @@ from attnformal.oracle import attention_oracle, forward_backward
 from attnformal.reference import CertificationError, certified, certified_attention
 from attnformal.reference.mp import mp_attention
 from attnformal.spec import SpecError
-from reference_cases import case, mp_inside_arb_balls, mp_inside_float_balls
+from reference_cases import case, mp_inside_arb_balls, mp_inside_float_balls, sinks_alibi_bias
 
 FIELDS = ("out", "lse", "dq", "dk", "dv")
 
@@ -33,6 +33,8 @@ CASES = {
     # |scale * s| up to ~1e4: softmax is nearly one-hot and exp spans hundreds of binades
     "extreme_logits": lambda: case((1, 2, 1, 4, 6, 4), torch.float32, 9, input_scale=60.0, scale=1.0),
     "long_rows": lambda: case((1, 1, 1, 2, 1500, 4), torch.float16, 10),
+    "sinks_alibi_bias": lambda: case((2, 2, 1, 5, 7, 4), torch.float32, 13, causal="bottom_right", kv_lens=[7, 0],
+                                     softcap=3.0, **sinks_alibi_bias(2, 2, 5, 7)),
 }
 
 
@@ -149,6 +151,37 @@ def test_arb_tier_balls_contain_mpmath_and_sit_inside_float64_balls(computed):
     for field in FIELDS:
         assert mp_inside_arb_balls(getattr(reference, field), tight.enclosures[field]).all(), f"{name}: {field}"
         assert certified.contains(field, getattr(tight, field)).all(), f"{name}: {field}"
+
+
+def test_sink_and_bias_gradients_lie_in_every_tier():
+    """d sinks and d bias: mpmath inside the float64 balls (tiled and dense) and the Arb tier's, and
+    the oracle's autograd gradients inside the float64 balls."""
+    x, kwargs = CASES["sinks_alibi_bias"]()
+    args = (x["q"], x["k"], x["v"], x["grad_out"])
+    reference = mp_attention(*args, dps=50, **kwargs)
+    results = [certified_attention(*args, **kwargs), certified_attention(*args, dense=True, **kwargs),
+               certified_attention(*args, prec=128, **kwargs)]
+    leaves = {n: kwargs[n].double().requires_grad_(True) for n in ("sinks", "bias")}
+    out = attention_oracle(*(x[n].double() for n in ("q", "k", "v")), **{**kwargs, **leaves})
+    (out * x["grad_out"].double()).sum().backward()
+    for result in results:
+        assert result.fields()[-2:] == ("dsinks", "dbias")
+        for field in ("dsinks", "dbias"):
+            mid, rad = getattr(result, field), getattr(result, f"{field}_radius")
+            assert mp_inside_float_balls(getattr(reference, field), mid, rad).all(), (result.tier, field)
+            if result.tier == "float64":  # Arb's radii are far below the oracle's own rounding
+                assert result.contains(field, leaves[field.removeprefix("d")].grad).all(), (result.tier, field)
+    assert mp_inside_arb_balls(reference.dsinks, results[2].enclosures["dsinks"]).all()
+
+
+def test_a_sink_left_out_is_detected_outside_the_balls():
+    """Negative control: the same problem without the sinks' term gives out, lse outside the balls."""
+    x, kwargs = CASES["sinks_alibi_bias"]()
+    certified = certified_attention(x["q"], x["k"], x["v"], **kwargs)
+    without = attention_oracle(*(x[n].double() for n in ("q", "k", "v")), return_lse=True,
+                               **{**kwargs, "sinks": None})
+    for field, value in zip(("out", "lse"), without):
+        assert not certified.contains(field, value)[:, 0].all()  # head 0 has a finite sink
 
 
 def test_precision_is_raised_until_the_requested_radius_is_met():

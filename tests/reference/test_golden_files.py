@@ -191,6 +191,29 @@ def test_the_format_is_a_plain_npz_with_json_meta(small_file):
     assert meta["spec"]["kv_lens"] == [45, 30] and meta["seed"] == 5
 
 
+def test_a_golden_file_carries_sinks_alibi_and_bias_and_their_gradients(tmp_path):
+    """Saved and loaded with the features' tensors and d sinks, d bias; the torch-tiled kernel passes it,
+    a kernel that leaves the sinks out fails it."""
+    from reference_cases import sinks_alibi_bias
+
+    x = golden.make_inputs((2, 2, 1, 9, 13, 16, 16), torch.float32, 7)
+    features = sinks_alibi_bias(2, 2, 9, 13)
+    result = golden.generate(x, causal="bottom_right", kv_lens=[13, 4], **features)
+    path = tmp_path / "features.npz"
+    golden.save(path, x, result, seed=7, generator={"test": "sinks_alibi_bias"})
+    case = golden.load(path)
+    kwargs = case.protocol_kwargs()
+    assert set(case.reference) == {"out", "lse", "dq", "dk", "dv", "dsinks", "dbias"}
+    assert torch.equal(kwargs["sinks"], features["sinks"].double()) and kwargs["bias"].dtype == torch.float64
+    from attnformal.kernels.torch_tiled import attention
+    from attnformal.reference.check import run_check
+
+    report = run_check(case, attention)
+    assert report.passed and {t.name for t in report.tensors} >= {"dsinks", "dbias"}, report
+    without_sinks = run_check(case, lambda *a, sinks=None, **kw: attention(*a, **kw))
+    assert not without_sinks.passed
+
+
 BROKEN_CHUNK_IMPL = '''
 from attnformal.kernels.torch_tiled import attention
 

@@ -165,6 +165,9 @@ def test_a_zero_size_dimension_is_refused(tmp_path, capsys, shape):
     (["--scale", "nan"], "argument --scale: expected a finite number"),
     (["--dropout-p", "nan"], "argument --dropout-p"),
     (["--window", "1,2,3"], "argument --window: expected 2 comma-separated ints L,R"),
+    (["--sinks", "0.5,x"], "argument --sinks: expected comma-separated floats"),
+    (["--sinks", "0.5,0.5,0.5"], "argument 'sinks': expected shape [Hq=2]"),
+    (["--alibi-slopes", "nan,1"], "argument --alibi-slopes: expected comma-separated floats"),
 ])
 def test_bad_generate_values_get_one_line_naming_the_argument(tmp_path, capsys, argv, fragment):
     out = tmp_path / "never.npz"
@@ -343,3 +346,17 @@ def test_help_fits_a_screen_with_an_example_and_the_docs_page(argv, capsys, monk
     assert len(text.splitlines()) <= 40, text
     assert "example:\n  python -m attnformal.reference " in text
     assert "docs: docs/references-and-scale.md" in text and (ROOT / "docs" / "references-and-scale.md").is_file()
+
+
+def test_generate_takes_sinks_and_alibi_slopes_and_check_judges_their_gradients(tmp_path, capsys):
+    """--sinks and --alibi-slopes reach the golden file; torch-tiled passes it, including d sinks."""
+    path = tmp_path / "sinks.npz"
+    assert main(["generate", "--shape", "2,2,1,9,11,16", "--dtype", "fp32", "--seed", "3", "--causal", "bottom_right",
+                 "--sinks", "0.5,-inf", "--alibi-slopes", "0.25,0.125", "--out", str(path)]) == 0
+    case = golden.load(path)
+    assert case.spec.sinks.tolist() == [0.5, float("-inf")] and case.spec.alibi_slopes[1].tolist() == [0.25, 0.125]
+    assert "dsinks" in case.reference and "dbias" not in case.reference
+    capsys.readouterr()
+    assert main(["check", str(path), "--impl", "attnformal.kernels.torch_tiled:attention"]) == 0
+    report = capsys.readouterr().out
+    assert "dsinks" in report and report.strip().endswith("PASS")

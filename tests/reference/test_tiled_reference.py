@@ -16,7 +16,7 @@ from attnformal.reference import certified_attention, tiled
 from attnformal.reference.mp import mp_attention
 from attnformal.reference.tiled import Tiling
 from attnformal.schedule import TileSchedule
-from reference_cases import case, mp_inside_float_balls
+from reference_cases import case, mp_inside_float_balls, sinks_alibi_bias
 
 FIELDS = ("out", "lse", "dq", "dk", "dv")
 SMALL = Tiling(TileSchedule(block_m=4, block_n=8), chunk_rows=8, part_keys=16)
@@ -30,6 +30,8 @@ CASES = {
     "extreme_logits": lambda: case((1, 1, 1, 9, 33, 4), torch.float32, 9, input_scale=60.0, scale=1.0),
     "no_queries": lambda: case((1, 2, 1, 0, 9, 4), seed=4),
     "no_keys": lambda: case((1, 2, 1, 5, 0, 4), seed=5),
+    "sinks_alibi_bias_kv_lens": lambda: case((2, 2, 1, 13, 37, 8), torch.float32, 6, kv_lens=[37, 9], window=(9, 4),
+                                             **sinks_alibi_bias(2, 2, 13, 37)),
 }
 
 
@@ -50,12 +52,13 @@ def overlap(a, b, field) -> torch.Tensor:
 def test_tiled_agrees_with_the_dense_pipeline_within_radii(name):
     tiled_result, dense = run(CASES[name], tiling=SMALL), run(CASES[name], dense=True)
     assert tiled_result.tier == dense.tier == "float64"
-    for field in FIELDS:
+    assert tiled_result.fields() == dense.fields()
+    for field in tiled_result.fields():
         inside = overlap(tiled_result, dense, field)
         assert inside.all(), f"{name}: {field} balls disjoint at {(~inside).nonzero()[:3].tolist()}"
 
 
-@pytest.mark.parametrize("name", ["gqa_bottom_right", "softcap_dropout_attn_mask"])
+@pytest.mark.parametrize("name", ["gqa_bottom_right", "softcap_dropout_attn_mask", "sinks_alibi_bias_kv_lens"])
 def test_mpmath_and_the_oracle_lie_in_the_tiled_balls(name):
     x, kwargs = CASES[name]()
     args = (x["q"], x["k"], x["v"], x["grad_out"])

@@ -56,12 +56,14 @@ def test_an_adapter_called_without_its_package_refuses_not_crashes(package, adap
         adapter(q, q, q)
 
 
-def fake_npu_fusion_attention(mask_means_attend=False):
+def fake_npu_fusion_attention(mask_means_attend=False, pse_inside_scale=False):
     """npu_fusion_attention's documented contract in plain torch: BNSD, scale defaults to 1, the
-    sparse modes of :func:`attnformal.npu.npu_keeps` (atten_mask True = masked out), softmax max and
-    sum returned as [B, N, S, 8]."""
+    sparse modes of :func:`attnformal.npu.npu_keeps` (atten_mask True = masked out), ``pse`` added
+    after the scale unless ``pse_type = 1`` (then inside it), softmax max and sum returned as
+    [B, N, S, 8]. ``pse_inside_scale``: the negative control, every pse read as pse_type 1."""
     def npu_fusion_attention(query, key, value, head_num, input_layout, *, atten_mask=None, scale=1.0,
-                             keep_prob=1.0, pre_tockens=INT_MAX, next_tockens=INT_MAX, sparse_mode=0):
+                             keep_prob=1.0, pre_tockens=INT_MAX, next_tockens=INT_MAX, sparse_mode=0, pse=None,
+                             pse_type=1):
         assert input_layout == "BNSD" and head_num == query.shape[1] and keep_prob == 1.0
         len_q, len_k = query.shape[2], key.shape[2]
         per_position = None
@@ -74,7 +76,13 @@ def fake_npu_fusion_attention(mask_means_attend=False):
                          atten_mask=per_position)
         group = query.shape[1] // key.shape[1]
         k, v = (t.repeat_interleave(group, 1).float() for t in (key, value))
-        s = (scale * (query.float() @ k.transpose(-1, -2))).masked_fill(~keep, -math.inf)
+        s = query.float() @ k.transpose(-1, -2)
+        if pse is not None and (pse_type == 1 or pse_inside_scale):
+            s = s + pse.float()
+        s = scale * s
+        if pse is not None and pse_type != 1 and not pse_inside_scale:
+            s = s + pse.float()
+        s = s.masked_fill(~keep, -math.inf)
         m = s.amax(-1, keepdim=True) if len_k else s.sum(-1, keepdim=True)
         m = torch.where(torch.isfinite(m), m, 0.0)
         e = torch.exp(s - m)
@@ -84,11 +92,11 @@ def fake_npu_fusion_attention(mask_means_attend=False):
     return npu_fusion_attention
 
 
-def npu_battery(monkeypatch, **fake):
+def npu_battery(monkeypatch, only=("hand.*", "fwd.gqa", "mask.*", "lse.values", "softmax.*"), **fake):
     monkeypatch.setitem(sys.modules, "torch_npu", types.SimpleNamespace(
         npu_fusion_attention=fake_npu_fusion_attention(**fake)))
     return run_battery(Settings(impl=adapters.npu_fusion_attention, impl_name="fake npu", dtypes=(torch.float32,),
-                                only=("hand.*", "fwd.gqa", "mask.*", "lse.values", "softmax.*")))
+                                only=only))
 
 
 def test_npu_adapter_passes_scale_sparse_modes_and_the_inverted_mask(monkeypatch):
@@ -100,6 +108,16 @@ def test_npu_adapter_passes_scale_sparse_modes_and_the_inverted_mask(monkeypatch
 def test_npu_adapter_test_fails_when_the_mask_convention_is_wrong(monkeypatch):
     """Negative control: a kernel reading the mask as True = attend is caught."""
     assert not npu_battery(monkeypatch, mask_means_attend=True).passed
+
+
+def test_npu_adapter_maps_alibi_and_bias_to_pse_and_refuses_sinks(monkeypatch):
+    """ALiBi and bias as pse (pse_type 0: added after the scale) pass; sinks are refused (no parameter);
+    the negative control reads every pse inside the scale and is caught."""
+    only = ("fwd.alibi", "fwd.bias", "fwd.sinks")
+    report = npu_battery(monkeypatch, only=only)
+    assert report.passed, render(report)
+    assert {r.check: r.status for r in report.results}["fwd.sinks"] == "unsupported"
+    assert not npu_battery(monkeypatch, only=only, pse_inside_scale=True).passed
 
 
 TRITON_ON_CPU = """

@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 
 from attnformal.oracle import attention_oracle
@@ -116,3 +117,23 @@ def test_float64_computed_in_float32_is_no_gradient_bug():
     (result,) = report.results
     assert result.status == "pass" and not result.findings
     assert any("computed in lower precision" in d for d in result.details)
+
+
+def test_an_implementation_that_does_not_take_a_feature_keyword_is_unsupported_not_broken():
+    """Written before sinks existed, a kernel rejects the keyword with TypeError: the case is unsupported.
+    Any other TypeError stays a broken contract (the negative control)."""
+    from attnformal.verify.calls import ContractError, Unsupported, call
+
+    case = random_case("sinks", shape(1, 2, 2, 4, 5, 8), torch.float32, "cpu", 0,
+                       sinks=torch.zeros(2, dtype=torch.float32))
+
+    def old_kernel(q, k, v, *, return_lse=False, causal=None):
+        return q
+
+    def typo_kernel(q, k, v, **kwargs):
+        raise TypeError("unsupported operand type(s) for +: 'int' and 'str'")
+
+    with pytest.raises(Unsupported, match="takes no keyword 'sinks'"):
+        call(old_kernel, case)
+    with pytest.raises(ContractError, match="raised TypeError: unsupported operand"):
+        call(typo_kernel, case)

@@ -69,6 +69,11 @@ ZOO = [
     # flash_attn_triton.py's bug: 128-key blocks, exp(s - m) unguarded while m = -inf
     Specimen("first_block_nan", "nan_first_block", "NaN for a row whose first 128 keys are all masked although "
              "later keys are allowed (rows with no key at all are handled)", dtype="float16"),
+    # sinks and ALiBi (issue 12)
+    Specimen("sink_not_in_lse", "sink_not_in_lse", "lse leaves the sink out (the output is normalised with it)"),
+    Specimen("sink_value", "sink_value", "the sink enters the accumulator with value 1"),
+    Specimen("alibi_sign", "alibi_sign", "ALiBi adds +slope * |distance|"),
+    Specimen("alibi_top_left", "alibi_alignment", "ALiBi's distance is |i - j| (top-left), not bottom-right"),
 ]
 
 _RACE = torch.Generator().manual_seed(0)  # the "race" specimen's lost update: a different block each call
@@ -82,24 +87,21 @@ def specimen_impl(bug: str):
 
 
 def attention(q, k, v, *, scale=None, causal=None, window=None, attn_mask=None, kv_lens=None, softcap=None,
-              dropout_p=0.0, dropout_mask=None, chunk_size=None, prefix_lens=None, return_lse=False, bug=None):
-    features = {"chunk_size": chunk_size, "prefix_lens": prefix_lens}
+              dropout_p=0.0, dropout_mask=None, chunk_size=None, prefix_lens=None, sinks=None, alibi_slopes=None,
+              bias=None, return_lse=False, bug=None):
     spec = AttentionSpec.from_inputs(q, k, v, scale=scale, causal=causal, window=window, attn_mask=attn_mask,
                                      kv_lens=kv_lens, softcap=softcap, dropout_p=dropout_p, dropout_mask=dropout_mask,
-                                     **features)
+                                     chunk_size=chunk_size, prefix_lens=prefix_lens, sinks=sinks,
+                                     alibi_slopes=alibi_slopes, bias=bias)
     if bug == "strides_ignored":
         q, k, v = (t.as_strided(t.shape, torch.empty(t.shape).stride()) for t in (q, k, v))
     if bug == "input_mutation":
         with torch.no_grad():
             q.mul_(spec.scale)
-        spec = AttentionSpec.from_inputs(q, k, v, scale=1.0, causal=causal, window=window, attn_mask=attn_mask,
-                                         kv_lens=kv_lens, softcap=softcap, dropout_p=dropout_p,
-                                         dropout_mask=dropout_mask, **features)
+        spec = spec.replace(scale=1.0)
     if bug == "scale_ignored":
-        spec = AttentionSpec.from_inputs(q, k, v, causal=causal, window=window, attn_mask=attn_mask,
-                                         kv_lens=kv_lens, softcap=softcap, dropout_p=dropout_p,
-                                         dropout_mask=dropout_mask, **features)
-    out, lse = _Flash.apply(q, k, v, spec, _keep_weights(spec, q, bug), bug)
+        spec = spec.replace(scale=1.0 / math.sqrt(spec.head_dim))
+    out, lse = _Flash.apply(q, k, v, sinks, bias, spec, _keep_weights(spec, q, bug), bug)
     return (out, lse) if return_lse else out
 
 
@@ -167,8 +169,10 @@ def _allowed(spec, bug, width, device):
     return allowed
 
 
-def _scores(spec, q, k, bug):
-    s = q @ k.transpose(-1, -2)
+def _scores(spec, q, k, bug, cols=None):
+    """Scores of the key columns ``cols`` (all by default): scaled, capped, then ALiBi and bias added."""
+    cols = slice(0, k.shape[2]) if cols is None else cols
+    s = q @ k[:, :, cols].transpose(-1, -2)
     if spec.softcap is not None and bug == "softcap_before_scale":
         return spec.scale * spec.softcap * torch.tanh(s / spec.softcap)
     s = spec.scale * s
@@ -176,7 +180,24 @@ def _scores(spec, q, k, bug):
         s[:, 0] *= 1 + 2.0**-6
     if spec.softcap is not None:
         s = spec.softcap * torch.tanh(s / spec.softcap)
-    return s
+    return s + _bias(spec, bug, cols, s.shape[-1]).to(s)
+
+
+def _bias(spec, bug, cols, width):
+    """ALiBi's -slope |i + Sk_b - Sq - j| (bottom-right, the batch's own key length) plus ``bias``."""
+    total = torch.zeros(())
+    if spec.alibi_slopes is not None:
+        i = torch.arange(spec.len_q)[:, None]
+        j = torch.arange(cols.start, cols.start + width)[None, :]
+        n = torch.tensor(spec.kv_lens if spec.kv_lens is not None else [spec.len_k] * spec.batch)[:, None, None, None]
+        distance = (i - j).abs() if bug == "alibi_top_left" else (i + n - spec.len_q - j).abs()
+        sign = 1.0 if bug == "alibi_sign" else -1.0
+        total = sign * spec.alibi_slopes.double().cpu()[:, :, None, None] * distance
+    if spec.bias is not None:
+        full = spec.bias.detach().double().cpu().expand(spec.batch, spec.heads_q, spec.len_q, spec.len_k)
+        padded = torch.cat([full, full.new_zeros(*full.shape[:3], max(0, cols.start + width - spec.len_k))], -1)
+        total = total + padded[..., cols.start:cols.start + width]
+    return total
 
 
 def _forward(spec, weights, bug, q, k, v):
@@ -193,10 +214,15 @@ def _forward(spec, weights, bug, q, k, v):
     m = torch.full(rows, -math.inf, dtype=cd, device=q.device)
     l = torch.zeros(rows, dtype=cd, device=q.device)
     acc = torch.zeros(*rows[:3], spec.head_dim_v, dtype=cd, device=q.device)
+    sink = _sink_logits(spec, cd, q.device)
+    if sink is not None:  # the sink is the first "key": score sink, value 0 (1 for the sink_value bug)
+        m = sink.expand(rows).clone()
+        l = torch.where(torch.isfinite(m), 1.0, 0.0).to(cd)
+        acc = acc + (l if bug == "sink_value" else 0.0)
     lost = _lost_update(spec, width) if bug == "race" else None
     for start in range(0, width, block_n):
         cols = slice(start, start + block_n)
-        s, ok = _scores(spec, q, k[:, :, cols], bug), allowed[..., cols]
+        s, ok = _scores(spec, q, k, bug, cols), allowed[..., cols]
         if bug == "mask_after_max":
             m_new = torch.maximum(m, s.amax(-1, keepdim=True))
         else:
@@ -218,7 +244,15 @@ def _forward(spec, weights, bug, q, k, v):
         pw = p if weights is None else p * weights[..., cols].to(cd)
         acc = (acc if bug == "acc_not_rescaled" else alpha * acc) + pw @ v[:, :, cols]
         m = m_new
-    return _finalize(m, l, acc, bug, q.dtype, allowed.any(-1, keepdim=True))
+    has_terms = allowed.any(-1, keepdim=True)  # a key, or a finite sink, in the denominator
+    if sink is not None:
+        has_terms = has_terms | torch.isfinite(sink)
+    return _finalize(m, l, acc, bug, q.dtype, has_terms, sink)
+
+
+def _sink_logits(spec, dtype, device):
+    """``[1, Hq, 1, 1]`` sink logits, or None."""
+    return None if spec.sinks is None else spec.sinks.detach().to(device=device, dtype=dtype)[None, :, None, None]
 
 
 def _lost_update(spec, width):
@@ -228,7 +262,7 @@ def _lost_update(spec, width):
     return b, h, n * BLOCK_N
 
 
-def _finalize(m, l, acc, bug, dtype, has_keys):
+def _finalize(m, l, acc, bug, dtype, has_keys, sink):
     """``(out, lse, lse as reported)``: the kernel keeps the true lse for its backward."""
     seen = has_keys if bug == "first_block_nan" else l > 0
     l_safe = torch.where(seen, l, 1.0)
@@ -239,6 +273,8 @@ def _finalize(m, l, acc, bug, dtype, has_keys):
         reported = lse / math.log(2)
     elif bug == "lse_without_max":
         reported = torch.where(seen, torch.log(l_safe), -math.inf).squeeze(-1)
+    elif bug == "sink_not_in_lse" and sink is not None:  # log(Z - e^sink): the keys' own log-sum-exp
+        reported = lse + torch.log1p(-torch.exp(sink[..., 0] - lse))
     lse_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     return out, lse.to(lse_dtype), reported.to(lse_dtype)
 
@@ -253,17 +289,24 @@ def _backward(spec, weights, bug, q, k, v, out, lse, dout):
     if spec.softcap is not None:
         t = torch.tanh(s / spec.softcap)
         s, slope = spec.softcap * t, 1 - t * t
+    s = s + _bias(spec, bug, slice(0, spec.len_k), spec.len_k).to(s)
     allowed = _allowed(spec, bug, spec.len_k, q.device)
     p = torch.where(allowed, torch.exp(s - torch.where(lse == -math.inf, 0.0, lse.to(cd))[..., None]), 0.0)
     w = 1.0 if weights is None or bug == "dropout_backward" else weights.to(cd)
     dv_heads = (p * w).transpose(-1, -2) @ dout
     dp = (dout @ vx.transpose(-1, -2)) * w
     delta = dout.sum(-1, keepdim=True) if bug == "backward_delta" else (dout * out).sum(-1, keepdim=True)
-    ds = p * (dp - delta) * slope
+    dbias = p * (dp - delta)  # the gradient of the final (biased) scores
+    ds = dbias * slope
     dq = ds @ kx if bug == "dq_scale" else spec.scale * (ds @ kx)
     dk_heads = spec.scale * (ds.transpose(-1, -2) @ q)
     dk, dv = (_to_kv_heads(t, spec, heads, batches, bug) for t in (dk_heads, dv_heads))
-    return dq, dk, dv
+    sink = _sink_logits(spec, cd, q.device)
+    dsinks = None
+    if sink is not None:  # d sink = -sum_{b, i} exp(sink - lse) D
+        p_sink = torch.where(torch.isfinite(sink[..., 0]), torch.exp(sink[..., 0] - lse.to(cd)), 0.0)
+        dsinks = -(p_sink * delta[..., 0]).sum(dim=(0, 2))
+    return dq, dk, dv, dsinks, None if spec.bias is None else dbias.sum_to_size(spec.bias.shape)
 
 
 def _to_kv_heads(per_head, spec, heads, batches, bug):
@@ -278,7 +321,7 @@ def _to_kv_heads(per_head, spec, heads, batches, bug):
 
 class _Flash(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, spec, weights, bug):
+    def forward(ctx, q, k, v, sinks, bias, spec, weights, bug):
         out, lse, reported_lse = _forward(spec, weights, bug, q, k, v)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.spec, ctx.weights, ctx.bug = spec, weights, bug
@@ -288,5 +331,7 @@ class _Flash(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(ctx.spec, ctx.weights, ctx.bug, q, k, v, out, lse, dout)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+        spec = ctx.spec
+        dq, dk, dv, dsinks, dbias = _backward(spec, ctx.weights, ctx.bug, q, k, v, out, lse, dout)
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None if dsinks is None else dsinks.to(spec.sinks.dtype),
+                None if dbias is None else dbias.to(spec.bias.dtype), None, None, None)

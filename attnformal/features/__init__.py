@@ -7,7 +7,7 @@ so that a test can register a dummy feature for a while (:func:`registered`).
 
 from __future__ import annotations
 
-from attnformal.features import attn_mask, causal, dropout, kv_lens, softcap, window
+from attnformal.features import attn_mask, causal, dropout, kv_lens, softcap, varlen, window
 from attnformal.features.base import Feature, Problem, refuse_unsupported, registered
 
 FEATURES: list[Feature] = [
@@ -18,6 +18,8 @@ FEATURES: list[Feature] = [
     softcap.FEATURE,
     dropout.DROPOUT_P,
     dropout.DROPOUT_MASK,
+    varlen.CU_SEQLENS_Q,  # last: their validation checks per-sequence bounds of the features above
+    varlen.CU_SEQLENS_K,
 ]
 
 

@@ -1,0 +1,195 @@
+"""``cu_seqlens_q``, ``cu_seqlens_k``: packed variable-length batches (the *layout* role).
+
+As ``flash_attn_varlen_func`` takes them: q ``[Tq, Hq, D]``, k ``[Tk, Hkv, D]``, v ``[Tk, Hkv, Dv]``
+hold ``B`` sequences back to back; ``cu_seqlens_q`` (``B + 1`` ints, from 0, non-decreasing, last
+``Tq``) says where each starts, ``cu_seqlens_k`` likewise for the keys. Sequence ``b`` has
+``len_q(b) = cu_q[b + 1] - cu_q[b]`` queries and ``len_k(b)`` keys (either may be 0), and its
+query ``i`` / key ``j`` sit at packed row ``cu_q[b] + i`` / ``cu_k[b] + j`` (:func:`packed_index`).
+
+Semantics: sequence ``b`` is the unpacked problem :meth:`AttentionSpec.sequence` ``(b)`` -- batch
+1, its own lengths, every per-batch feature's entry ``b`` -- so every mask family aligns with the
+sequence's own lengths (bottom-right causal: ``j <= i + len_k(b) - len_q(b)``) and no new mask
+code exists. Returns: ``out`` ``[Tq, Hq, Dv]`` and ``lse`` ``[Tq, Hq]`` (the padded protocol's
+convention, "``out`` without its value axis", token-major like ``out``; flash-attn's own lse is
+``[Hq, Tq]`` and its adapter transposes it).
+
+Execution: :func:`run_packed` is the one pack/unpack helper. Every consumer computes sequence by
+sequence through the index map (as FA2's varlen kernel does: a tile never straddles two sequences);
+obligation ``varlen`` proves the map a bijection and that no query meets a key of another sequence.
+Mask and dropout *data* (``attn_mask``, ``dropout_mask``: ``[B, Hq, Sq, Sk]``) have no packed shape,
+so they are refused with a packed batch.
+"""
+
+from __future__ import annotations
+
+from attnformal.features.base import Feature, element, is_int
+
+LAYOUT = "[T, H, D] (packed: T tokens of all sequences)"
+
+
+# ---- the index map (ops-agnostic: ints, torch index tensors, Z3 Ints and arrays)
+
+
+def sequence_start(cu, b):
+    """Packed index of the first token of sequence ``b``."""
+    return element(cu, b)
+
+
+def sequence_length(cu, b):
+    """Tokens in sequence ``b``."""
+    return element(cu, b + 1) - element(cu, b)
+
+
+def packed_index(cu, b, i):
+    """Packed row of token ``i`` of sequence ``b``: ``cu[b] + i`` (the map every consumer uses)."""
+    return sequence_start(cu, b) + i
+
+
+# ---- the declarations
+
+
+class CuSeqlens(Feature):
+    """One side's cumulative lengths; ``side`` is ``"q"`` or ``"k"``."""
+
+    role = "layout"
+
+    def __init__(self, side: str):
+        self.side = side
+        self.name = f"cu_seqlens_{side}"
+        tokens = "Tq" if side == "q" else "Tk"
+        self.summary = (f"B+1 ints, 0 = cu[0] <= ... <= cu[B] = {tokens}: sequence b's "
+                        f"{'queries' if side == 'q' else 'keys'} are packed rows cu[b] .. cu[b+1]-1")
+
+    def validate(self, value, problem, values):
+        if value is None:
+            return None
+        total = problem.len_q if self.side == "q" else problem.len_k
+        cu = cumulative_lengths(self.name, value, problem.batch, total)
+        if self.side == "k":
+            _check_key_lengths(cu, values)
+        return cu
+
+    def conflict(self, values):
+        data = [name for name in ("attn_mask", "dropout_mask", "dropout_p") if _active(name, values)]
+        if data:
+            return f"{data[0]} has the padded shape [B, Hq, Sq, Sk]; a packed batch has none (unpack it)"
+        return None
+
+    def sequence_lengths(self, value, b, len_q, len_k):
+        """``(len_q, len_k)`` of sequence ``b``: this side's from the cumulative lengths."""
+        length = sequence_length(value, b)
+        return (length, len_k) if self.side == "q" else (len_q, length)
+
+    def to_json(self, value):
+        return None if value is None else list(value)
+
+    def from_json(self, data):
+        return None if data is None else tuple(data)
+
+
+def _check_key_lengths(cu_k, values):
+    """A ``length`` feature (kv_lens) may only shorten each sequence: at most ``len_k(b)`` keys."""
+    from attnformal.features import with_role
+    from attnformal.spec import SpecError
+
+    for f in with_role("length"):
+        value = values.get(f.name)
+        if not f.active(value):
+            continue
+        for b in range(len(cu_k) - 1):
+            length = sequence_length(cu_k, b)
+            if not f.key_length(f.geometry_value(value, b), length) <= length:
+                raise SpecError(f.name, f"at most each packed sequence's key count (sequence {b} has {length})",
+                                repr(list(value)))
+
+
+def _active(name, values):
+    from attnformal.features import feature
+
+    return name in values and feature(name).active(values[name])
+
+
+def cumulative_lengths(name: str, value, batch: int, total: int) -> tuple[int, ...]:
+    """``value`` as ``batch + 1`` cumulative lengths ending at ``total``, or a :class:`SpecError`."""
+    import torch
+
+    from attnformal.spec import SpecError
+
+    values = value.tolist() if isinstance(value, torch.Tensor) else value
+    if isinstance(value, torch.Tensor) and value.dtype not in (torch.int32, torch.int64):
+        raise SpecError(name, "an int32 tensor or a list of ints", f"dtype {value.dtype}")
+    if not isinstance(values, (list, tuple)) or len(values) != batch + 1 or not all(is_int(n) for n in values):
+        raise SpecError(name, f"{batch + 1} ints (B + 1, cumulative)", repr(value))
+    if values[0] != 0 or values[-1] != total or any(a > b for a, b in zip(values, values[1:])):
+        raise SpecError(name, f"non-decreasing ints from 0 to {total} (the packed token count)", repr(list(values)))
+    return tuple(int(n) for n in values)
+
+
+CU_SEQLENS_Q, CU_SEQLENS_K = CuSeqlens("q"), CuSeqlens("k")
+
+
+# ---- packed inputs and the one pack/unpack helper
+
+
+def packed(keywords: dict) -> bool:
+    """Whether a call passes a packed batch (either cumulative-length keyword)."""
+    return any(keywords.get(f.name) is not None for f in (CU_SEQLENS_Q, CU_SEQLENS_K))
+
+
+def check_packed(q, k, v, keywords):
+    """``(batch, heads_q, Tq, head_dim, heads_kv, Tk, head_dim_v)`` of a packed call, or a SpecError."""
+    import torch
+
+    from attnformal.spec import SpecError, describe
+
+    for f in (CU_SEQLENS_Q, CU_SEQLENS_K):
+        if keywords.get(f.name) is None:
+            other = CU_SEQLENS_K if f is CU_SEQLENS_Q else CU_SEQLENS_Q
+            raise SpecError(f.name, f"cumulative lengths too (a packed batch, since {other.name} is given)", None)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            raise SpecError(name, f"a 3-D tensor {LAYOUT} with cu_seqlens_q/k", describe(t))
+    tokens_q, heads_q, head_dim = q.shape
+    tokens_k, heads_kv, _ = k.shape
+    if head_dim == 0:
+        raise SpecError("q", "a head dim D >= 1", describe(q))
+    if k.shape[2] != head_dim:
+        raise SpecError("k", f"shape [Tk, Hkv, D={head_dim}] (head dim of q)", describe(k))
+    if heads_kv == 0 or heads_q % heads_kv:
+        raise SpecError("k", f"a KV head count that divides Hq={heads_q} (GQA groups)", f"Hkv={heads_kv}")
+    if tuple(v.shape[:2]) != (tokens_k, heads_kv) or v.shape[2] == 0:
+        raise SpecError("v", f"shape [Tk={tokens_k}, Hkv={heads_kv}, Dv>=1] (as k)", describe(v))
+    cu_q = keywords["cu_seqlens_q"]
+    count = len(cu_q) if isinstance(cu_q, (list, tuple, torch.Tensor)) and len(cu_q) >= 2 else None
+    if count is None:
+        raise SpecError("cu_seqlens_q", "B + 1 >= 2 cumulative lengths (int32)", repr(cu_q))
+    return count - 1, heads_q, tokens_q, head_dim, heads_kv, tokens_k, v.shape[2]
+
+
+def unpack(t, cu, b):
+    """Sequence ``b`` of a packed ``[T, H, D]`` tensor as a padded-layout ``[1, H, len(b), D]``."""
+    import torch
+
+    rows = packed_index(cu, b, torch.arange(sequence_length(cu, b), device=t.device))
+    return t.index_select(0, rows).transpose(0, 1).unsqueeze(0).contiguous(), rows
+
+
+def run_packed(spec, q, k, v, compute):
+    """Run a packed problem sequence by sequence: ``compute(sequence_spec, q_b, k_b, v_b)`` returns
+    ``(out [1, Hq, len_q(b), Dv], lse [1, Hq, len_q(b)])`` in the padded layout; the results go back to
+    their packed rows: ``(out [Tq, Hq, Dv], lse [Tq, Hq])``. Differentiable (index_select, index_copy)."""
+    import torch
+
+    cu_q, cu_k = spec.cu_seqlens_q, spec.cu_seqlens_k
+    outs, lses, rows = [], [], []
+    for b in range(spec.batch):
+        q_b, q_rows = unpack(q, cu_q, b)
+        (k_b, _), (v_b, _) = unpack(k, cu_k, b), unpack(v, cu_k, b)
+        out_b, lse_b = compute(spec.sequence(b), q_b, k_b, v_b)
+        outs.append(out_b[0].transpose(0, 1))
+        lses.append(lse_b[0].transpose(0, 1))
+        rows.append(q_rows)
+    rows = torch.cat(rows)
+    out = outs[0].new_zeros((spec.len_q, spec.heads_q, spec.head_dim_v)).index_copy(0, rows, torch.cat(outs))
+    lse = lses[0].new_zeros((spec.len_q, spec.heads_q)).index_copy(0, rows, torch.cat(lses))
+    return out, lse

@@ -9,10 +9,11 @@ the host code before a kernel launch), never on a copy. It exposes ``TITLE``,
 """
 
 from attnformal.proofs import (backward, floating_point, gqa, launch, loop_invariant, mask_semantics, masked_rows,
-                               merge_correctness, monoid, npu_masks, splits, tile_classification, vocabulary)
+                               merge_correctness, monoid, npu_masks, splits, tile_classification, varlen,
+                               vocabulary)
 
 OBLIGATIONS = (merge_correctness, monoid, loop_invariant, masked_rows, tile_classification, gqa, backward,
-               floating_point, npu_masks, mask_semantics, splits, launch, vocabulary)
+               floating_point, npu_masks, mask_semantics, splits, launch, vocabulary, varlen)
 
 # What the obligations take on trust: the report's "trusted, not proved" section, with what is
 # checked only on bounded domains and the axioms the proofs used (both read off the results).

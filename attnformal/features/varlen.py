@@ -166,12 +166,19 @@ def check_packed(q, k, v, keywords):
     return count - 1, heads_q, tokens_q, head_dim, heads_kv, tokens_k, v.shape[2]
 
 
-def unpack(t, cu, b):
-    """Sequence ``b`` of a packed ``[T, H, D]`` tensor as a padded-layout ``[1, H, len(b), D]``."""
-    import torch
+def query_rows(spec, b, i):
+    """Packed rows of queries ``i`` of sequence ``b`` (the map :func:`run_packed` gathers and scatters by)."""
+    return packed_index(spec.cu_seqlens_q, b, i)
 
-    rows = packed_index(cu, b, torch.arange(sequence_length(cu, b), device=t.device))
-    return t.index_select(0, rows).transpose(0, 1).unsqueeze(0).contiguous(), rows
+
+def key_rows(spec, b, j):
+    """Packed rows of keys (and values) ``j`` of sequence ``b``."""
+    return packed_index(spec.cu_seqlens_k, b, j)
+
+
+def unpack(t, rows):
+    """The packed ``[T, H, D]`` tensor's ``rows`` as a padded-layout ``[1, H, len(rows), D]``."""
+    return t.index_select(0, rows).transpose(0, 1).unsqueeze(0).contiguous()
 
 
 def run_packed(spec, q, k, v, compute):
@@ -180,12 +187,12 @@ def run_packed(spec, q, k, v, compute):
     their packed rows: ``(out [Tq, Hq, Dv], lse [Tq, Hq])``. Differentiable (index_select, index_copy)."""
     import torch
 
-    cu_q, cu_k = spec.cu_seqlens_q, spec.cu_seqlens_k
     outs, lses, rows = [], [], []
     for b in range(spec.batch):
-        q_b, q_rows = unpack(q, cu_q, b)
-        (k_b, _), (v_b, _) = unpack(k, cu_k, b), unpack(v, cu_k, b)
-        out_b, lse_b = compute(spec.sequence(b), q_b, k_b, v_b)
+        len_q, len_k = spec.sequence_lengths(b)
+        q_rows = query_rows(spec, b, torch.arange(len_q, device=q.device))
+        k_rows = key_rows(spec, b, torch.arange(len_k, device=q.device))
+        out_b, lse_b = compute(spec.sequence(b), unpack(q, q_rows), unpack(k, k_rows), unpack(v, k_rows))
         outs.append(out_b[0].transpose(0, 1))
         lses.append(lse_b[0].transpose(0, 1))
         rows.append(q_rows)

@@ -75,6 +75,11 @@ def shown_values(values: dict) -> dict:
             and f.active(values.get(f.name))}
 
 
+def slow(g: MaskGeometry) -> bool:
+    """Whether a geometry has a feature whose tile queries are slow (:attr:`Feature.slow_tiles`)."""
+    return any(f.slow_tiles and f.active(g.values.get(f.name)) for f in FEATURES)
+
+
 def domain(g: MaskGeometry):
     """The hypotheses on a geometry's symbolic feature values: what validation allows (``C >= 1``, ...)."""
     return tuple(hypothesis for f in FEATURES if f.active(g.values.get(f.name))

@@ -12,6 +12,9 @@ the spec ("The spec in one screen" in the README; :mod:`attnformal.spec`): for b
 * ``causal="bottom_right"``:    ``j <= i + Sk - Sq``, with ``kv_lens[b]`` in place of ``Sk``;
 * ``window=(left, right)``, aligned bottom-right (``kv_lens[b]`` in place of ``Sk`` again):
   ``i + Sk - Sq - left <= j <= i + Sk - Sq + right``, a negative bound leaving its side unbounded;
+* ``chunk_size=C``: query and key in the same chunk of ``C`` positions, the query at its
+  bottom-right-aligned position: ``(i + Sk - Sq) // C == j // C`` (floor division; ``kv_lens[b]``
+  in place of ``Sk``);
 * the masks AND together (an explicit ``attn_mask`` is data, ANDed on top by the callers).
 """
 
@@ -20,8 +23,11 @@ from __future__ import annotations
 import z3
 
 
-def allowed(i, j, *, len_q, len_k, kv_len, causal, window):
-    """The spec's index mask for one batch element, as a Z3 formula: every rule above, ANDed."""
+def allowed(i, j, *, len_q, len_k, kv_len, causal, window, chunk_size=None):
+    """The spec's index mask for one batch element, as a Z3 formula: every rule above, ANDed.
+
+    ``chunk_size`` is ``C`` (a Z3 Int), or None.
+    """
     aligned = i + kv_len - len_q  # the key that query i lines up with, bottom-right
     rules = [0 <= i, i < len_q, 0 <= j, j < len_k,  # positions exist
              j < kv_len]  # keys past kv_lens[b] are padding
@@ -31,6 +37,8 @@ def allowed(i, j, *, len_q, len_k, kv_len, causal, window):
         rules.append(j <= aligned)
     elif causal is not None:
         raise NotImplementedError(f"no meaning is stated for causal={causal!r}: add it to {__name__}")
+    if chunk_size is not None:
+        rules.append(aligned / chunk_size == j / chunk_size)  # Z3's Int division floors for C >= 1
     if window is not None:
         left, right = window
         rules += [z3.Or(left < 0, aligned - left <= j), z3.Or(right < 0, j <= aligned + right)]

@@ -48,7 +48,7 @@ class Row:
     def meaning(self, i, j):
         s = self.spec
         return mask_meaning.allowed(i, j, len_q=s.len_q, len_k=s.len_k, kv_len=self.kv_len, causal=s.causal,
-                                    window=s.window)
+                                    window=s.window, chunk_size=s.chunk_size)
 
     def hypotheses(self):
         s = self.spec

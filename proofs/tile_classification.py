@@ -41,7 +41,7 @@ from attnformal import masks, schedule
 from attnformal.logic import VACUOUS, Budget, Control, Labeled, Proof, Query, Settings, check_z3, plain_solver
 from attnformal.masks import MaskGeometry
 from attnformal.proofs.integers import (BLOCK_SIZES, domain, floor_division, floor_division_lemma, geometries,
-                                        shown_values, symbolic_schedule)
+                                        shown_values, slow, symbolic_schedule)
 from attnformal.schedule import FULL, PARTIAL, SKIP, TILE_CLASS_NAMES
 
 COST = 3  # rough seconds; the prover starts the longest obligations first
@@ -158,23 +158,28 @@ PROPERTIES = (
 )
 
 
-def checks(settings: Settings, budget: Budget):
+def checks(settings: Settings, budget: Budget, slow_families=False, properties=None):
+    """``properties`` (default: all) for every family -- those with a slow feature (``slow_families``) or
+    the others."""
     lemma = floor_division_lemma(budget)
     yield lemma
     note = "all block sizes; " + instances(settings)
-    for claim, prop in PROPERTIES:
-        proof = check_property(claim, prop, [("all block sizes", symbolic_schedule())], lemma, budget)
+    properties = PROPERTIES if properties is None else properties
+    for claim, prop in properties:
+        proof = check_property(claim, prop, [("all block sizes", symbolic_schedule())], lemma, budget,
+                               slow_families=slow_families)
         yield proof.but(detail="; ".join(filter(None, (proof.detail, note))))
     mine = overriding(settings)
-    for claim, prop in PROPERTIES if mine else ():
-        yield check_property(f"{claim} [{', '.join(label for label, _ in mine)}]", prop, mine, lemma, budget)
+    for claim, prop in properties if mine else ():
+        yield check_property(f"{claim} [{', '.join(label for label, _ in mine)}]", prop, mine, lemma, budget,
+                             slow_families=slow_families)
 
 
-def check_property(claim, prop, schedules, lemma: Proof, budget: Budget, families=None):
+def check_property(claim, prop, schedules, lemma: Proof, budget: Budget, families=None, slow_families=False):
     def queries():
         for label, sched in schedules:
             for family, g in geometries():
-                if families is not None and family not in families:
+                if (families is not None and family not in families) or slow(g) != slow_families:
                     continue
                 t = Tile(g, sched)
                 formula, show = prop(t)

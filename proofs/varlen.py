@@ -1,4 +1,4 @@
-"""Obligation 14 -- packed variable-length batches (``cu_seqlens_q``, ``cu_seqlens_k``).
+"""Obligation 16 -- packed variable-length batches (``cu_seqlens_q``, ``cu_seqlens_k``).
 
 Every consumer runs a packed batch sequence by sequence (:func:`attnformal.features.varlen.run_packed`):
 sequence ``b`` is gathered from the packed rows ``query_rows(spec, b, i)`` / ``key_rows(spec, b, j)``,
@@ -12,19 +12,19 @@ Hypotheses (what validation allows): ``B >= 1``; ``cu[0] = 0`` and ``cu`` non-de
 (its instances at the index terms the claim reads: ``0, B, b, b + 1, b', b' + 1``); ``0 <= kv_lens[b] <= len_k(b)``; the window's
 and other features' own domains.
 
-**Theorem 14a (no key of another sequence; Z3, all B and all cumulative lengths).** For every mask
+**Theorem 16a (no key of another sequence; Z3, all B and all cumulative lengths).** For every mask
 family of the spec (the features' prover values), if query ``i`` of sequence ``b`` may attend key
 ``j``, its packed key ``key_rows(b, j)`` lies in sequence ``b``'s keys ``[cu_k[b], cu_k[b+1])`` and in
 no other sequence's: ``cu_k[b'] <= key_rows(b, j) < cu_k[b'+1]`` implies ``b' = b``.
 
-**Theorem 14b (tiles never straddle a sequence; Z3, all B and lengths).** The kernels tile only the
+**Theorem 16b (tiles never straddle a sequence; Z3, all B and lengths).** The kernels tile only the
 unpacked problem of one sequence, whose geometry is an ordinary one: ``len_q(b), len_k(b) >= 0`` and
 its key length ``spec.geometry(b).len_k`` is in ``[0, len_k(b)]``, so obligation 5's classification
 (for all lengths) applies to it as it stands. And a tile of it covers exactly packed rows of that
 sequence, no more: every in-range query ``0 <= i < len_q(b)`` maps into ``[cu_q[b], cu_q[b+1])`` and
 every in-range key into ``[cu_k[b], cu_k[b+1])``. So no FULL tile (nor any tile) spans two sequences.
 
-**Theorem 14c (the index map is a bijection; Z3).** Injective for all B: ``query_rows(b, i) =
+**Theorem 16c (the index map is a bijection; Z3).** Injective for all B: ``query_rows(b, i) =
 query_rows(b', i')`` with both in range implies ``b = b'`` and ``i = i'`` (keys likewise). Onto for
 ``B <= 8`` (an existential over ``b``, written out): every ``0 <= r < cu[B]`` is ``query_rows(b, i)``
 for some in-range ``(b, i)``.
@@ -40,7 +40,7 @@ from attnformal.logic import Budget, Control, Query, Settings, check_z3
 from attnformal.proofs.integers import domain, spec_families, symbolic_spec
 
 TITLE = "Packed variable-length batches"
-ONTO_UP_TO = 8  # batch sizes for which 14c's surjectivity is checked (the other claims hold for all B)
+ONTO_UP_TO = 8  # batch sizes for which 16c's surjectivity is checked (the other claims hold for all B)
 
 B = z3.Int("B")
 CU_Q, CU_K = z3.Array("cu_q", z3.IntSort(), z3.IntSort()), z3.Array("cu_k", z3.IntSort(), z3.IntSort())

@@ -84,3 +84,30 @@ def test_the_provers_independent_meaning_agrees_on_small_grids_and_refuses_unkno
             assert z3.is_true(z3.simplify(meaning)) == literal(i, j, len_q, len_k, causal, window), (i, j)
     with pytest.raises(NotImplementedError, match="no meaning is stated"):
         mask_meaning.allowed(0, 0, len_q=1, len_k=1, kv_len=1, causal="upper", window=None)
+
+
+# ---- chunked local attention (chunk_size)
+
+CHUNKS = (1, 2, 3, 5, 16)
+
+
+def literal_chunk(i, j, len_q, len_k, causal, chunk):
+    """Same chunk of ``chunk`` positions, the query at its bottom-right-aligned position, ANDed."""
+    return literal(i, j, len_q, len_k, causal, None) and (i + len_k - len_q) // chunk == j // chunk
+
+
+@pytest.mark.parametrize("chunk", CHUNKS)
+@pytest.mark.parametrize("causal", (None, "top_left", "bottom_right"))
+def test_chunked_predicate_is_the_literal_definition_and_one_interval(chunk, causal):
+    for len_q, len_k in itertools.product(LENGTHS, LENGTHS):
+        g = MaskGeometry(len_q, len_k, causal, chunk_size=chunk)
+        ends = [key_interval(i, g) for i in range(len_q)]
+        assert all(a[0] <= b[0] and a[1] <= b[1] for a, b in zip(ends, ends[1:]))
+        for i, j in itertools.product(range(-1, len_q + 1), range(-1, len_k + 1)):
+            assert may_attend(i, j, g) == literal_chunk(i, j, len_q, len_k, causal, chunk), (len_q, len_k, i, j)
+
+
+def test_chunk_literal_can_fail():
+    """Negative control: chunks aligned top-left (no offset) differ when Sq != Sk."""
+    g = MaskGeometry(3, 8, None, chunk_size=4)
+    assert any(may_attend(i, j, g) != (0 <= j < 8 and i // 4 == j // 4) for i in range(3) for j in range(8))

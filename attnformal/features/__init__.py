@@ -7,12 +7,13 @@ so that a test can register a dummy feature for a while (:func:`registered`).
 
 from __future__ import annotations
 
-from attnformal.features import attn_mask, causal, dropout, kv_lens, softcap, varlen, window
+from attnformal.features import attn_mask, causal, chunk, dropout, kv_lens, softcap, varlen, window
 from attnformal.features.base import Feature, Problem, refuse_unsupported, registered
 
 FEATURES: list[Feature] = [
     causal.FEATURE,
     window.FEATURE,
+    chunk.FEATURE,
     kv_lens.FEATURE,
     attn_mask.FEATURE,
     softcap.FEATURE,

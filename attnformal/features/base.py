@@ -51,6 +51,9 @@ class Feature:
     # The battery's bug class for a mask violated at this feature's edge of the key interval
     # (id, title); diagnosis attributes such violations to it (None: no edge of its own).
     edge_bug: tuple[str, str] | None = None
+    # The prover's tile queries with this feature are slow (floor division by a symbolic size): its
+    # families are classified in an obligation of their own, with their own time budget.
+    slow_tiles: bool = False
 
     def validate(self, value, problem: Problem, values: dict):
         """The checked value (``values``: the features validated before this one)."""

@@ -83,6 +83,13 @@ def call(impl, case, *, lse=False, backward=False, watch=None) -> Observed:
         grads = _backward(out, leaves, case.grad_out) if backward else (None, None, None)
     except NotImplementedError as err:
         raise Unsupported(case_features(case, lse=lse, backward=backward), str(err) or "NotImplementedError") from None
+    except TypeError as err:
+        unknown = _unknown_feature(err, case)
+        if unknown is None:
+            raise ContractError(f"raised TypeError: {err}") from None
+        # An implementation written before a feature existed has no keyword for it: that is a refusal.
+        raise Unsupported(case_features(case, lse=lse, backward=backward),
+                          f"takes no keyword {unknown!r} (raised TypeError: {err})") from None
     except ContractError:
         raise
     except SystemExit as err:  # the battery must outlive a kernel that exits: a broken contract, not the end
@@ -96,6 +103,15 @@ def call(impl, case, *, lse=False, backward=False, watch=None) -> Observed:
     observed = Observed(out.detach(), None if out_lse is None else out_lse.detach(), *grads)
     _check_contract(case, observed)
     return observed
+
+
+def _unknown_feature(err: TypeError, case) -> str | None:
+    """The protocol feature keyword of ``case`` that a TypeError says the implementation does not take."""
+    text = str(err)
+    for name in case.kwargs:
+        if name in {f.name for f in REGISTERED} and f"unexpected keyword argument '{name}'" in text:
+            return name
+    return None
 
 
 def _unpack(result, want_lse):

@@ -49,6 +49,9 @@ MASKS = {
     "kv_lens_zero": dict(kv_lens=lambda batch, heads_q, len_q, len_k: [0, len_k - 3], causal="bottom_right"),
     "attn_mask": dict(attn_mask=random_mask(0.6)),
     "attn_mask_sparse+causal": dict(attn_mask=random_mask(0.1), causal="top_left"),
+    "chunk": dict(chunk_size=16),  # chunk edges on the tile edges
+    "chunk_odd+causal": dict(chunk_size=7, causal="bottom_right"),
+    "chunk+window+kv_lens": dict(chunk_size=11, window=(4, 3), kv_lens=lambda batch, heads_q, len_q, len_k: [len_k, 20]),
     "everything": dict(causal="bottom_right", window=(20, 2), kv_lens=lambda batch, heads_q, len_q, len_k: [30, len_k],
                        attn_mask=random_mask(0.8)),
 }
@@ -85,7 +88,7 @@ def test_softcap_and_dropout_replay():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("mask", ["dense", "bottom_right+window", "kv_lens_zero"])
+@pytest.mark.parametrize("mask", ["dense", "bottom_right+window", "kv_lens_zero", "chunk_odd+causal"])
 def test_lower_precision_inputs(dtype, mask):
     check(dtype=dtype, **MASKS[mask])
 

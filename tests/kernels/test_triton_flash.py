@@ -272,9 +272,16 @@ FEATURES = [
     ("len_1", {"len_q": 1, "len_k": 1}, {}),
     ("len_q_1", {"len_q": 1, "len_k": 40}, {"causal": "bottom_right"}),
     ("len_k_1", {"len_q": 40, "len_k": 1}, {"causal": "top_left"}),
+    # chunked local attention: chunk edges inside and across the 16-wide tiles, with the other masks
+    ("chunk", {"len_q": 40, "len_k": 53}, {"chunk_size": 16}),
+    ("chunk_odd_causal_kv_lens", {"len_q": 37, "len_k": 45}, {"chunk_size": 7, "causal": "bottom_right",
+                                                              "kv_lens": [45, 20]}),
+    ("chunk_window_mask", TWO_HEADS, {"chunk_size": 9, "window": (5, 2), "attn_mask": _mask(17, (2, 1, 37, 29))}),
+    ("chunk_1", {}, {"chunk_size": 1}),
 ]
 # A representative subset for the lower precisions (the interpreter is slow).
-LOW_PRECISION = ["plain", "kv_lens_causal_window", "softcap_causal_gqa", "dropout_mask_window", "odd_head_dims"]
+LOW_PRECISION = ["plain", "kv_lens_causal_window", "softcap_causal_gqa", "dropout_mask_window", "odd_head_dims",
+                 "chunk_odd_causal_kv_lens"]
 
 
 @pytest.mark.parametrize("seed, shape, kwargs", [pytest.param(seed, shape, kwargs, id=name)

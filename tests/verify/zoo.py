@@ -54,6 +54,7 @@ ZOO = [
     # beyond the list
     Specimen("scale_ignored", "scale_ignored", "the scale argument is ignored (1/sqrt(D) always)"),
     Specimen("kv_lens_ignored", "kv_lens_ignored", "kv_lens is ignored"),
+    Specimen("chunk_off_by_one", "chunk_off_by_one", "chunks start one key late (key j in chunk (j - 1) // C)"),
     Specimen("strides_ignored", "strides_ignored", "inputs are read as if contiguous"),
     Specimen("input_mutation", "input_mutation", "q is pre-scaled in place"),
     Specimen("dropout_rate", "dropout_rate", "keeps with probability p instead of 1 - p"),
@@ -80,9 +81,10 @@ def specimen_impl(bug: str):
 
 
 def attention(q, k, v, *, scale=None, causal=None, window=None, attn_mask=None, kv_lens=None, softcap=None,
-              dropout_p=0.0, dropout_mask=None, return_lse=False, bug=None):
+              dropout_p=0.0, dropout_mask=None, chunk_size=None, return_lse=False, bug=None):
     spec = AttentionSpec.from_inputs(q, k, v, scale=scale, causal=causal, window=window, attn_mask=attn_mask,
-                                     kv_lens=kv_lens, softcap=softcap, dropout_p=dropout_p, dropout_mask=dropout_mask)
+                                     kv_lens=kv_lens, softcap=softcap, dropout_p=dropout_p, dropout_mask=dropout_mask,
+                                     chunk_size=chunk_size)
     if bug == "strides_ignored":
         q, k, v = (t.as_strided(t.shape, torch.empty(t.shape).stride()) for t in (q, k, v))
     if bug == "input_mutation":
@@ -90,11 +92,11 @@ def attention(q, k, v, *, scale=None, causal=None, window=None, attn_mask=None, 
             q.mul_(spec.scale)
         spec = AttentionSpec.from_inputs(q, k, v, scale=1.0, causal=causal, window=window, attn_mask=attn_mask,
                                          kv_lens=kv_lens, softcap=softcap, dropout_p=dropout_p,
-                                         dropout_mask=dropout_mask)
+                                         dropout_mask=dropout_mask, chunk_size=chunk_size)
     if bug == "scale_ignored":
         spec = AttentionSpec.from_inputs(q, k, v, causal=causal, window=window, attn_mask=attn_mask,
                                          kv_lens=kv_lens, softcap=softcap, dropout_p=dropout_p,
-                                         dropout_mask=dropout_mask)
+                                         dropout_mask=dropout_mask, chunk_size=chunk_size)
     out, lse = _Flash.apply(q, k, v, spec, _keep_weights(spec, q, bug), bug)
     return (out, lse) if return_lse else out
 
@@ -147,6 +149,10 @@ def _allowed(spec, bug, width, device):
                 ok &= j >= i + offset - left - (1 if bug == "window_off_by_one" else 0)
             if right >= 0:
                 ok &= j <= i + offset + right
+        if spec.chunk_size is not None:
+            c = spec.chunk_size
+            key_chunk = torch.div(j - 1 if bug == "chunk_off_by_one" else j, c, rounding_mode="floor")
+            ok &= torch.div(i + offset, c, rounding_mode="floor") == key_chunk
         rows.append(ok)
     allowed = torch.stack(rows)[:, None].expand(spec.batch, spec.heads_q, spec.len_q, width)
     if spec.attn_mask is not None:

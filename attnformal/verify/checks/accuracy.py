@@ -131,6 +131,15 @@ def window(run):
     _mask_cases(run, [{"window": (5, 2), "causal": "bottom_right"}], [shape(2, 2, 2, 40, 57, 32)], "window + causal")
 
 
+@check("mask.chunk")
+def chunk(run):
+    """Chunked local attention: chunk edges on and off the key blocks (16, 7), one-key chunks, Sq < Sk and
+    Sq > Sk (the query's chunk comes from its bottom-right-aligned position), with causal and kv_lens."""
+    _mask_cases(run, [{"chunk_size": c} for c in (16, 7, 1)], [shape(2, 2, 2, 40, 57, 32), shape(1, 2, 2, 50, 30, 16)])
+    _mask_cases(run, [{"chunk_size": 9, "causal": "bottom_right", "kv_lens": [57, 31]}], [shape(2, 2, 2, 40, 57, 32)],
+                "chunk + causal + kv_lens")
+
+
 @check("mask.kv_lens")
 def kv_lens(run):
     """Per-batch key lengths: full, partial, one key and none."""

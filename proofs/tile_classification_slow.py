@@ -1,0 +1,43 @@
+"""Obligation 14 -- tile classification for the mask families whose queries are slow, with their own budget.
+
+The theorems (a)-(f) and (h) of obligation 5 (:mod:`attnformal.proofs.tile_classification`), word
+for word and on the same code, for every family with a feature declared ``slow_tiles`` (today
+``chunk_size``: ``floordiv(i + offset, C)`` with the chunk size ``C >= 1`` and the block sizes
+all symbolic is nonlinear). Theorem (g) for these families, the slowest, is obligation 15
+(:mod:`attnformal.proofs.tile_contiguity_slow`); obligation 5 covers every other family, so
+together they cover every family and combination the spec accepts.
+"""
+
+from __future__ import annotations
+
+from attnformal import masks, schedule
+from attnformal.logic import Budget, Control, Settings
+from attnformal.proofs import tile_classification
+from attnformal.proofs.integers import floor_division_lemma, symbolic_schedule
+
+COST = 4  # rough seconds; the prover starts the longest obligations first
+PROVES_SCHEDULES = True
+TITLE = "Tile classification (a)-(f), (h), chunked families"
+PROPERTIES = tuple(p for p in tile_classification.PROPERTIES if not p[0].startswith("(g)"))
+
+
+def checks(settings: Settings, budget: Budget):
+    yield from tile_classification.checks(settings, budget, slow_families=True, properties=PROPERTIES)
+
+
+def _schedule_ignores_slow_features(i, g):
+    """BROKEN: the schedule classifies tiles as if there were no chunk."""
+    return masks.key_interval(i, g.replace(chunk_size=None))
+
+
+def _property(index):
+    claim, prop = tile_classification.PROPERTIES[index]
+    schedules = [("all block sizes", symbolic_schedule())]
+    return lambda budget: tile_classification.check_property(claim, prop, schedules, floor_division_lemma(budget),
+                                                             budget, slow_families=True)
+
+
+CONTROLS = (
+    Control("schedule ignores the chunk", "the schedule's key intervals leave chunk_size out, so tiles across a "
+            "chunk boundary are FULL", schedule, "key_interval", _schedule_ignores_slow_features, _property(1)),
+)

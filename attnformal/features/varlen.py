@@ -52,6 +52,9 @@ class CuSeqlens(Feature):
     """One side's cumulative lengths; ``side`` is ``"q"`` or ``"k"``."""
 
     role = "layout"
+    # A sequence's boundary is this feature's edge: a key of another sequence leaking in (check mask.packed).
+    edge_bug = ("packed_boundary_leak", "a query attends a key of another packed sequence (a cu_seqlens "
+                                        "boundary crossed)")
 
     def __init__(self, side: str):
         self.side = side

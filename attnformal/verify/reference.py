@@ -58,6 +58,8 @@ class Expected:
 def expected_for(case, *, backward: bool, use_certified: bool = True) -> Expected:
     """The reference for ``case`` (gradients only with ``backward``)."""
     spec = case.spec
+    if spec.packed:
+        return _packed_expected(case, spec, backward=backward, use_certified=use_certified)
     q, k, v = (t.detach().cpu().double() for t in (case.q, case.k, case.v))
     spec = _on_cpu(spec)
     grad_out = case.grad_out.detach().cpu().double() if backward else None
@@ -75,6 +77,42 @@ def expected_for(case, *, backward: bool, use_certified: bool = True) -> Expecte
     if radius is None:
         radius = {name: (spec.len_k + spec.head_dim) * ORACLE_ERROR * abs_sum[name] for name in values}
     return Expected(values, magnitude, radius, dtypes, source, p)
+
+
+def _packed_expected(case, spec, *, backward, use_certified) -> Expected:
+    """A packed case's reference: each sequence's own (its unpacked case, through the spec's index map),
+    put back on its packed rows; out, lse and dQ by query rows, dK and dV by key rows. No probabilities."""
+    from attnformal.features import varlen
+
+    parts = []
+    for b in range(spec.batch):
+        len_q, len_k = spec.sequence_lengths(b)
+        q_rows = varlen.query_rows(spec, b, torch.arange(len_q, device=case.q.device))
+        k_rows = varlen.key_rows(spec, b, torch.arange(len_k, device=case.q.device))
+        one = spec.sequence(b)
+        kwargs = {name: getattr(one, name) for name in case.kwargs if name not in ("cu_seqlens_q", "cu_seqlens_k")}
+        grad_out = None if case.grad_out is None else varlen.unpack(case.grad_out, q_rows)
+        sub = case.with_(q=varlen.unpack(case.q, q_rows), k=varlen.unpack(case.k, k_rows),
+                         v=varlen.unpack(case.v, k_rows), grad_out=grad_out, kwargs=kwargs)
+        parts.append((expected_for(sub, backward=backward, use_certified=use_certified), q_rows.cpu(), k_rows.cpu()))
+    first = parts[0][0]
+    shapes = {"out": case.q.shape[:2] + (spec.head_dim_v,), "lse": case.q.shape[:2], "dq": case.q.shape,
+              "dk": case.k.shape, "dv": case.v.shape}
+
+    def packed(field: str, name: str):
+        rows = [q_rows if name in ("out", "lse", "dq") else k_rows for _, q_rows, k_rows in parts]
+        pieces = [_token_major(torch.broadcast_to(torch.as_tensor(getattr(e, field)[name], dtype=torch.float64),
+                                                  e.values[name].shape)) for e, _, _ in parts]
+        return torch.zeros(shapes[name], dtype=torch.float64).index_copy(0, torch.cat(rows), torch.cat(pieces))
+
+    names = list(first.values)
+    return Expected({n: packed("values", n) for n in names}, {n: packed("magnitude", n) for n in names},
+                    {n: packed("radius", n) for n in names}, first.dtypes, first.source)
+
+
+def _token_major(t):
+    """``[1, H, S, ...]`` -> ``[S, H, ...]``: a sequence's result in the packed layout."""
+    return t[0].transpose(0, 1)
 
 
 def _lse_dtype(dtype):

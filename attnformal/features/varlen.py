@@ -86,6 +86,17 @@ class CuSeqlens(Feature):
     def to_json(self, value):
         return None if value is None else list(value)
 
+    def add_argument(self, parser):
+        from attnformal import cli
+
+        parser.add_argument(f"--cu-seqlens-{self.side}", action=cli.IntList, metavar="0,N,...",
+                            form="comma-separated cumulative lengths, from 0",
+                            help=f"packed batch: cumulative {'query' if self.side == 'q' else 'key'} lengths "
+                                 f"(--shape then gives B and the token counts T{self.side})")
+
+    def from_arguments(self, args):
+        return getattr(args, self.name)
+
     def from_json(self, data):
         return None if data is None else tuple(data)
 
@@ -188,18 +199,38 @@ def run_packed(spec, q, k, v, compute):
     """Run a packed problem sequence by sequence: ``compute(sequence_spec, q_b, k_b, v_b)`` returns
     ``(out [1, Hq, len_q(b), Dv], lse [1, Hq, len_q(b)])`` in the padded layout; the results go back to
     their packed rows: ``(out [Tq, Hq, Dv], lse [Tq, Hq])``. Differentiable (index_select, index_copy)."""
+    results = []
+    for b, (q_rows, k_rows) in enumerate(sequence_rows(spec, q.device)):
+        out, lse = compute(spec.sequence(b), unpack(q, q_rows), unpack(k, k_rows), unpack(v, k_rows))
+        results.append({"out": out, "lse": lse})
+    packed = pack(spec, results)
+    return packed["out"], packed["lse"]
+
+
+def sequence_rows(spec, device=None):
+    """``(query rows, key rows)`` index tensors of every sequence, in order (the map of theorem 16)."""
     import torch
 
-    outs, lses, rows = [], [], []
     for b in range(spec.batch):
         len_q, len_k = spec.sequence_lengths(b)
-        q_rows = query_rows(spec, b, torch.arange(len_q, device=q.device))
-        k_rows = key_rows(spec, b, torch.arange(len_k, device=q.device))
-        out_b, lse_b = compute(spec.sequence(b), unpack(q, q_rows), unpack(k, k_rows), unpack(v, k_rows))
-        outs.append(out_b[0].transpose(0, 1))
-        lses.append(lse_b[0].transpose(0, 1))
-        rows.append(q_rows)
-    rows = torch.cat(rows)
-    out = outs[0].new_zeros((spec.len_q, spec.heads_q, spec.head_dim_v)).index_copy(0, rows, torch.cat(outs))
-    lse = lses[0].new_zeros((spec.len_q, spec.heads_q)).index_copy(0, rows, torch.cat(lses))
-    return out, lse
+        yield (query_rows(spec, b, torch.arange(len_q, device=device)),
+               key_rows(spec, b, torch.arange(len_k, device=device)))
+
+
+QUERY_SIDE = ("out", "lse", "dq", "grad")  # results (and grad_out) on query rows; the rest (dk, dv) on key rows
+
+
+def pack(spec, results: list[dict]) -> dict:
+    """Per-sequence results in the padded layout (one dict per sequence, name -> ``[1, H, len, ...]``; a
+    name ``<x>_...`` goes with ``x``) on their packed rows: name -> ``[T, H, ...]``. Differentiable."""
+    import torch
+
+    rows = list(sequence_rows(spec, next(iter(results[0].values())).device))
+    packed = {}
+    for name in results[0]:
+        side = 0 if name.partition("_")[0] in QUERY_SIDE else 1
+        pieces = torch.cat([r[name][0].transpose(0, 1) for r in results])
+        total = spec.len_q if side == 0 else spec.len_k
+        packed[name] = pieces.new_zeros((total, *pieces.shape[1:])).index_copy(0, torch.cat([r[side] for r in rows]),
+                                                                               pieces)
+    return packed

@@ -109,15 +109,16 @@ def _generate(args) -> int:
                          "the Arb tier (--prec, or float64 inputs), which runs in this process")
     protocol = {"scale": args.scale, **{f.name: f.from_arguments(args) for f in FEATURES if not f.tensor}}
     _check_space(shape, dtype, out, args)
+    packed = any(protocol.get(name) is not None for name in ("cu_seqlens_q", "cu_seqlens_k"))
     inputs = golden.make_inputs(shape, dtype, args.seed, input_scale=args.input_scale, dropout_p=args.dropout_p,
-                                attn_mask_density=args.attn_mask_density)
+                                attn_mask_density=args.attn_mask_density, packed=packed)
 
     def first_rows(rows: int, progress):
         """The reference of the case's first ``rows`` query rows (every batch, head and key)."""
         sample = {name: t if name in ("k", "v") else t[:, :, :rows] for name, t in inputs.items()}
         return golden.generate(sample, max_radius=args.max_radius, prec=args.prec, progress=progress, **protocol)
 
-    estimate = cost.estimate(first_rows, shape[3], cost.available_memory())
+    estimate = None if packed else cost.estimate(first_rows, shape[3], cost.available_memory())  # rows: padded
     if estimate is not None:
         _check_estimate(estimate, dtype, args)
     start = time.perf_counter()

@@ -81,38 +81,24 @@ def expected_for(case, *, backward: bool, use_certified: bool = True) -> Expecte
 
 def _packed_expected(case, spec, *, backward, use_certified) -> Expected:
     """A packed case's reference: each sequence's own (its unpacked case, through the spec's index map),
-    put back on its packed rows; out, lse and dQ by query rows, dK and dV by key rows. No probabilities."""
+    put back on its packed rows (:func:`attnformal.features.varlen.pack`). No probabilities."""
     from attnformal.features import varlen
 
     parts = []
-    for b in range(spec.batch):
-        len_q, len_k = spec.sequence_lengths(b)
-        q_rows = varlen.query_rows(spec, b, torch.arange(len_q, device=case.q.device))
-        k_rows = varlen.key_rows(spec, b, torch.arange(len_k, device=case.q.device))
+    for b, (q_rows, k_rows) in enumerate(varlen.sequence_rows(spec, case.q.device)):
         one = spec.sequence(b)
         kwargs = {name: getattr(one, name) for name in case.kwargs if name not in ("cu_seqlens_q", "cu_seqlens_k")}
         grad_out = None if case.grad_out is None else varlen.unpack(case.grad_out, q_rows)
         sub = case.with_(q=varlen.unpack(case.q, q_rows), k=varlen.unpack(case.k, k_rows),
                          v=varlen.unpack(case.v, k_rows), grad_out=grad_out, kwargs=kwargs)
-        parts.append((expected_for(sub, backward=backward, use_certified=use_certified), q_rows.cpu(), k_rows.cpu()))
-    first = parts[0][0]
-    shapes = {"out": case.q.shape[:2] + (spec.head_dim_v,), "lse": case.q.shape[:2], "dq": case.q.shape,
-              "dk": case.k.shape, "dv": case.v.shape}
+        parts.append(expected_for(sub, backward=backward, use_certified=use_certified))
+    first = parts[0]
 
-    def packed(field: str, name: str):
-        rows = [q_rows if name in ("out", "lse", "dq") else k_rows for _, q_rows, k_rows in parts]
-        pieces = [_token_major(torch.broadcast_to(torch.as_tensor(getattr(e, field)[name], dtype=torch.float64),
-                                                  e.values[name].shape)) for e, _, _ in parts]
-        return torch.zeros(shapes[name], dtype=torch.float64).index_copy(0, torch.cat(rows), torch.cat(pieces))
+    def packed(field: str) -> dict:
+        return varlen.pack(spec, [{n: torch.broadcast_to(torch.as_tensor(getattr(e, field)[n], dtype=torch.float64),
+                                                         e.values[n].shape) for n in first.values} for e in parts])
 
-    names = list(first.values)
-    return Expected({n: packed("values", n) for n in names}, {n: packed("magnitude", n) for n in names},
-                    {n: packed("radius", n) for n in names}, first.dtypes, first.source)
-
-
-def _token_major(t):
-    """``[1, H, S, ...]`` -> ``[S, H, ...]``: a sequence's result in the packed layout."""
-    return t[0].transpose(0, 1)
+    return Expected(packed("values"), packed("magnitude"), packed("radius"), first.dtypes, first.source)
 
 
 def _lse_dtype(dtype):

@@ -399,7 +399,8 @@ ALIASES = {
 
 # The optional package each adapter needs: without it the alias is a usage error, not a run
 # in which every check is unsupported.
-REQUIRES = {"triton-flash": "triton", "flash-attn": "flash_attn", "flash-attn-varlen": "flash_attn", "xformers": "xformers", "npu": "torch_npu"}
+REQUIRES = {"triton-flash": "triton", "flash-attn": "flash_attn", "flash-attn-varlen": "flash_attn", "xformers": "xformers",
+            "npu": "torch_npu"}
 
 
 def resolve(target: str):

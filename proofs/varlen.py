@@ -9,8 +9,8 @@ rows. The *packed predicate* is therefore: packed query row ``r`` may attend pac
 ``b, i, j``. Here ``cu_q``, ``cu_k`` and ``kv_lens`` are Z3 arrays and the sequence indices symbolic.
 
 Hypotheses (what validation allows): ``B >= 1``; ``cu[0] = 0`` and ``cu`` non-decreasing on ``[0, B]``
-(its instances at the index terms the claim reads: ``0, B, b, b + 1, b', b' + 1``); ``0 <= kv_lens[b] <= len_k(b)``; the window's
-and other features' own domains.
+(its instances at the index terms the claim reads: ``0, B, b, b + 1, b', b' + 1``);
+``0 <= kv_lens[b] <= len_k(b)``; the window's and other features' own domains.
 
 **Theorem 16a (no key of another sequence; Z3, all B and all cumulative lengths).** For every mask
 family of the spec (the features' prover values), if query ``i`` of sequence ``b`` may attend key
@@ -129,7 +129,8 @@ def map_is_injective(budget: Budget):
         spec = packed_spec({})
         for side, rows, cu in (("queries", varlen.query_rows, CU_Q), ("keys", varlen.key_rows, CU_K)):
             lengths = [spec.sequence_lengths(x)[0 if side == "queries" else 1] for x in (b, other)]
-            premise = z3.And(0 <= i, i < lengths[0], 0 <= i2, i2 < lengths[1], rows(spec, b, i) == rows(spec, other, i2))
+            premise = z3.And(0 <= i, i < lengths[0], 0 <= i2, i2 < lengths[1],
+                             rows(spec, b, i) == rows(spec, other, i2))
             show = {"b": b, "b'": other, "i": i, "i'": i2, "row(b, i)": rows(spec, b, i)}
             yield Query(z3.Implies(premise, z3.And(b == other, i == i2)), sequence_hypotheses(spec, b, other), show,
                         case=side)
@@ -147,7 +148,8 @@ def map_is_onto(budget: Budget):
                 for b in range(batch):
                     length = spec.sequence_lengths(b)[0 if side == "queries" else 1]
                     hits.append(z3.And(rows(spec, b, 0) <= r, r < rows(spec, b, length)))
-                hypotheses = (*cumulative(cu, "cu", list(range(batch)), batch), ("0 <= r < cu[B]", z3.And(0 <= r, r < cu[batch])))
+                hypotheses = (*cumulative(cu, "cu", list(range(batch)), batch),
+                              ("0 <= r < cu[B]", z3.And(0 <= r, r < cu[batch])))
                 yield Query(z3.Or(*hits), hypotheses, {"r": r, **{f"cu[{x}]": cu[x] for x in range(batch + 1)}},
                             case=f"B={batch}, {side}")
 

@@ -55,7 +55,7 @@ def _name(translate) -> str:
 
 
 # Every mask feature: what an adapter that takes the spec's dense mask (``spec.allowed()``) computes.
-DENSE_MASKS = frozenset({"causal", "window", "chunk_size", "kv_lens", "attn_mask"})
+DENSE_MASKS = frozenset({"causal", "window", "chunk_size", "kv_lens", "prefix_lens", "attn_mask"})
 
 
 def _optional(module: str):

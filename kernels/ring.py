@@ -48,8 +48,8 @@ from attnformal.spec import AttentionSpec
 from attnformal.tile import tile_grads, tile_scores
 
 # The protocol features this kernel computes; any other active one is refused.
-SUPPORTS = frozenset({"causal", "window", "chunk_size", "kv_lens", "attn_mask", "softcap", "dropout_p",
-                      "dropout_mask"})
+SUPPORTS = frozenset({"causal", "window", "chunk_size", "kv_lens", "prefix_lens", "attn_mask", "softcap",
+                      "dropout_p", "dropout_mask"})
 WORLD_SIZE = 3
 BLOCK = 128  # rows and keys per tile inside a rank
 RESULT_TIMEOUT_S = 600

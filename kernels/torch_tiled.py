@@ -20,8 +20,8 @@ from attnformal.kernels import protocol_entry
 from attnformal.kernels.split_kv import combine
 
 # The protocol features this kernel computes; any other active one is refused.
-SUPPORTS = frozenset({"causal", "window", "chunk_size", "kv_lens", "attn_mask", "softcap", "dropout_p",
-                      "dropout_mask", "cu_seqlens_q", "cu_seqlens_k"})
+SUPPORTS = frozenset({"causal", "window", "chunk_size", "kv_lens", "prefix_lens", "attn_mask", "softcap",
+                      "dropout_p", "dropout_mask", "cu_seqlens_q", "cu_seqlens_k"})
 DEFAULT_SCHEDULE = TileSchedule(block_m=128, block_n=128)
 
 

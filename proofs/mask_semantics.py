@@ -47,8 +47,9 @@ class Row:
 
     def meaning(self, i, j):
         s = self.spec
+        prefix_len = None if s.prefix_lens is None else s.prefix_lens[self.b]
         return mask_meaning.allowed(i, j, len_q=s.len_q, len_k=s.len_k, kv_len=self.kv_len, causal=s.causal,
-                                    window=s.window, chunk_size=s.chunk_size)
+                                    window=s.window, chunk_size=s.chunk_size, prefix_len=prefix_len)
 
     def hypotheses(self):
         s = self.spec

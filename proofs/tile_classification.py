@@ -158,28 +158,30 @@ PROPERTIES = (
 )
 
 
-def checks(settings: Settings, budget: Budget, slow_families=False, properties=None):
+def checks(settings: Settings, budget: Budget, slow_families=False, properties=None, keep=None):
     """``properties`` (default: all) for every family -- those with a slow feature (``slow_families``) or
-    the others."""
+    the others; ``keep(g)``, when given, picks among them."""
     lemma = floor_division_lemma(budget)
     yield lemma
     note = "all block sizes; " + instances(settings)
     properties = PROPERTIES if properties is None else properties
     for claim, prop in properties:
         proof = check_property(claim, prop, [("all block sizes", symbolic_schedule())], lemma, budget,
-                               slow_families=slow_families)
+                               slow_families=slow_families, keep=keep)
         yield proof.but(detail="; ".join(filter(None, (proof.detail, note))))
     mine = overriding(settings)
     for claim, prop in properties if mine else ():
         yield check_property(f"{claim} [{', '.join(label for label, _ in mine)}]", prop, mine, lemma, budget,
-                             slow_families=slow_families)
+                             slow_families=slow_families, keep=keep)
 
 
-def check_property(claim, prop, schedules, lemma: Proof, budget: Budget, families=None, slow_families=False):
+def check_property(claim, prop, schedules, lemma: Proof, budget: Budget, families=None, slow_families=False,
+                   keep=None):
     def queries():
         for label, sched in schedules:
             for family, g in geometries():
-                if (families is not None and family not in families) or slow(g) != slow_families:
+                if (families is not None and family not in families) or slow(g) != slow_families \
+                        or (keep is not None and not keep(g)):
                     continue
                 t = Tile(g, sched)
                 formula, show = prop(t)

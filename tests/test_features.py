@@ -58,8 +58,8 @@ IMPLEMENTATIONS = {**{f"kernel {name}": impl for name, impl in _kernels().items(
 def test_every_keyword_is_declared_once_in_order():
     names = features.names()
     assert len(names) == len(set(names))
-    assert names[:8] == ("causal", "window", "chunk_size", "kv_lens", "attn_mask", "softcap", "dropout_p",
-                         "dropout_mask")
+    assert names[:9] == ("causal", "window", "chunk_size", "kv_lens", "prefix_lens", "attn_mask", "softcap",
+                         "dropout_p", "dropout_mask")
     spec = AttentionSpec.from_inputs(*_inputs())
     assert all(getattr(spec, name) == features.feature(name).default for name in names if name != "attn_mask")
 

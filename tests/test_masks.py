@@ -96,18 +96,49 @@ def literal_chunk(i, j, len_q, len_k, causal, chunk):
     return literal(i, j, len_q, len_k, causal, None) and (i + len_k - len_q) // chunk == j // chunk
 
 
-@pytest.mark.parametrize("chunk", CHUNKS)
-@pytest.mark.parametrize("causal", (None, "top_left", "bottom_right"))
-def test_chunked_predicate_is_the_literal_definition_and_one_interval(chunk, causal):
+def assert_literal_and_monotone(causal, literal_of, **values):
+    """On every length pair: ``may_attend`` is ``literal_of(i, j, len_q, len_k)`` (one row and column past
+    each end), and both ends of ``key_interval`` never decrease with the row."""
     for len_q, len_k in itertools.product(LENGTHS, LENGTHS):
-        g = MaskGeometry(len_q, len_k, causal, chunk_size=chunk)
+        g = MaskGeometry(len_q, len_k, causal, **values)
         ends = [key_interval(i, g) for i in range(len_q)]
         assert all(a[0] <= b[0] and a[1] <= b[1] for a, b in zip(ends, ends[1:]))
         for i, j in itertools.product(range(-1, len_q + 1), range(-1, len_k + 1)):
-            assert may_attend(i, j, g) == literal_chunk(i, j, len_q, len_k, causal, chunk), (len_q, len_k, i, j)
+            assert may_attend(i, j, g) == literal_of(i, j, len_q, len_k), (len_q, len_k, i, j)
+
+
+@pytest.mark.parametrize("chunk", CHUNKS)
+@pytest.mark.parametrize("causal", (None, "top_left", "bottom_right"))
+def test_chunked_predicate_is_the_literal_definition_and_one_interval(chunk, causal):
+    assert_literal_and_monotone(causal, lambda i, j, sq, sk: literal_chunk(i, j, sq, sk, causal, chunk),
+                                chunk_size=chunk)
 
 
 def test_chunk_literal_can_fail():
     """Negative control: chunks aligned top-left (no offset) differ when Sq != Sk."""
     g = MaskGeometry(3, 8, None, chunk_size=4)
     assert any(may_attend(i, j, g) != (0 <= j < 8 and i // 4 == j // 4) for i in range(3) for j in range(8))
+
+
+# ---- prefix-LM (prefix_lens)
+
+PREFIXES = (0, 1, 3, 8, 20)
+
+
+def literal_prefix(i, j, len_q, len_k, causal, prefix):
+    """Keys below the prefix visible to every query, the rest follow the causal rule."""
+    in_range = 0 <= i < len_q and 0 <= j < len_k
+    return in_range and (j < prefix or literal(i, j, len_q, len_k, causal, None))
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+@pytest.mark.parametrize("causal", ("top_left", "bottom_right"))
+def test_prefix_predicate_is_the_literal_definition_and_one_interval(prefix, causal):
+    assert_literal_and_monotone(causal, lambda i, j, sq, sk: literal_prefix(i, j, sq, sk, causal, prefix),
+                                prefix_lens=prefix)
+
+
+def test_prefix_literal_can_fail():
+    """Negative control: a prefix of 3 shows keys the plain causal mask hides."""
+    g = MaskGeometry(4, 4, "top_left", prefix_lens=3)
+    assert any(may_attend(i, j, g) != literal(i, j, 4, 4, "top_left", None) for i in range(4) for j in range(4))

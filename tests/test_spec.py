@@ -37,6 +37,14 @@ BAD_CALLS = [
     ("attn_mask", dict(attn_mask=torch.ones(3, 5, 7, dtype=torch.bool)), "broadcastable to [B, Hq, Sq, Sk]"),
     ("dropout_mask", dict(dropout_p=0.1, dropout_mask=torch.ones(2, 4, 5, 6, dtype=torch.bool)), "keep-mask of shape"),
     ("dropout_mask", dict(dropout_mask=torch.ones(2, 4, 5, 7, dtype=torch.bool)), "needs dropout_p > 0"),
+    ("chunk_size", dict(chunk_size=0), "an int >= 1"),
+    ("chunk_size", dict(chunk_size=2.0), "an int >= 1"),
+    ("chunk_size", dict(chunk_size=True), "an int >= 1"),
+    ("prefix_lens", dict(prefix_lens=[3], causal="top_left"), "2 ints"),
+    ("prefix_lens", dict(prefix_lens=[3, 8], causal="top_left"), "lengths in [0, Sk=7]"),
+    ("prefix_lens", dict(prefix_lens=[3, 2]), "a causal mode with it"),
+    ("prefix_lens", dict(prefix_lens=[3, 2], causal="top_left", window=(2, 0)), "no window and no chunk_size"),
+    ("prefix_lens", dict(prefix_lens=[3, 2], causal="bottom_right", chunk_size=4), "no window and no chunk_size"),
 ]
 
 

@@ -7,7 +7,7 @@ so that a test can register a dummy feature for a while (:func:`registered`).
 
 from __future__ import annotations
 
-from attnformal.features import attn_mask, causal, chunk, dropout, kv_lens, softcap, varlen, window
+from attnformal.features import attn_mask, causal, chunk, dropout, kv_lens, prefix, softcap, varlen, window
 from attnformal.features.base import Feature, Problem, refuse_unsupported, registered
 
 FEATURES: list[Feature] = [
@@ -15,6 +15,7 @@ FEATURES: list[Feature] = [
     window.FEATURE,
     chunk.FEATURE,
     kv_lens.FEATURE,
+    prefix.FEATURE,  # after causal, window and chunk_size: its validation reads them
     attn_mask.FEATURE,
     softcap.FEATURE,
     dropout.DROPOUT_P,

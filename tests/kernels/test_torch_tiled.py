@@ -51,7 +51,12 @@ MASKS = {
     "attn_mask_sparse+causal": dict(attn_mask=random_mask(0.1), causal="top_left"),
     "chunk": dict(chunk_size=16),  # chunk edges on the tile edges
     "chunk_odd+causal": dict(chunk_size=7, causal="bottom_right"),
-    "chunk+window+kv_lens": dict(chunk_size=11, window=(4, 3), kv_lens=lambda batch, heads_q, len_q, len_k: [len_k, 20]),
+    "chunk+window+kv_lens": dict(chunk_size=11, window=(4, 3),
+                                 kv_lens=lambda batch, heads_q, len_q, len_k: [len_k, 20]),
+    "prefix+top_left": dict(prefix_lens=lambda batch, heads_q, len_q, len_k: [0, 20], causal="top_left"),
+    "prefix+bottom_right+kv_lens": dict(prefix_lens=lambda batch, heads_q, len_q, len_k: [len_k, 17],
+                                        causal="bottom_right",
+                                        kv_lens=lambda batch, heads_q, len_q, len_k: [30, len_k]),
     "everything": dict(causal="bottom_right", window=(20, 2), kv_lens=lambda batch, heads_q, len_q, len_k: [30, len_k],
                        attn_mask=random_mask(0.8)),
 }
@@ -88,7 +93,8 @@ def test_softcap_and_dropout_replay():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("mask", ["dense", "bottom_right+window", "kv_lens_zero", "chunk_odd+causal"])
+@pytest.mark.parametrize("mask", ["dense", "bottom_right+window", "kv_lens_zero", "chunk_odd+causal",
+                                  "prefix+bottom_right+kv_lens"])
 def test_lower_precision_inputs(dtype, mask):
     check(dtype=dtype, **MASKS[mask])
 

@@ -278,10 +278,16 @@ FEATURES = [
                                                               "kv_lens": [45, 20]}),
     ("chunk_window_mask", TWO_HEADS, {"chunk_size": 9, "window": (5, 2), "attn_mask": _mask(17, (2, 1, 37, 29))}),
     ("chunk_1", {}, {"chunk_size": 1}),
+    # prefix-LM: prefix 0, inside the first tile, across tiles, = Sk; each batch element its own
+    ("prefix_bottom_right", {"len_q": 40, "len_k": 53}, {"prefix_lens": [0, 53], "causal": "bottom_right"}),
+    ("prefix_top_left_kv_lens", {"len_q": 45, "len_k": 37}, {"prefix_lens": [20, 9], "causal": "top_left",
+                                                             "kv_lens": [30, 37]}),
+    ("prefix_mask_gqa", {"heads_q": 4, "heads_kv": 2}, {"prefix_lens": [17, 5], "causal": "bottom_right",
+                                                        "attn_mask": _mask(18, (2, 1, 37, 29))}),
 ]
 # A representative subset for the lower precisions (the interpreter is slow).
 LOW_PRECISION = ["plain", "kv_lens_causal_window", "softcap_causal_gqa", "dropout_mask_window", "odd_head_dims",
-                 "chunk_odd_causal_kv_lens"]
+                 "chunk_odd_causal_kv_lens", "prefix_top_left_kv_lens"]
 
 
 @pytest.mark.parametrize("seed, shape, kwargs", [pytest.param(seed, shape, kwargs, id=name)

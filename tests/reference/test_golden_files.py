@@ -189,3 +189,31 @@ def test_the_format_is_a_plain_npz_with_json_meta(small_file):
         meta = json.loads(str(archive["meta"]))
         assert archive["q_bits"].dtype == np.uint16 and meta["dtype"] == "bfloat16"
     assert meta["spec"]["kv_lens"] == [45, 30] and meta["seed"] == 5
+
+
+BROKEN_CHUNK_IMPL = '''
+from attnformal.kernels.torch_tiled import attention
+
+def no_chunk(q, k, v, *, chunk_size=None, **kwargs):
+    """A kernel bug: the chunk is dropped."""
+    return attention(q, k, v, **kwargs)
+'''
+
+
+@pytest.mark.parametrize("flags, stored", [
+    (["--chunk-size", "7", "--causal", "bottom_right", "--kv-lens", "23,17"], {"chunk_size": 7}),
+    (["--prefix-lens", "0,23", "--causal", "top_left"], {"prefix_lens": [0, 23]}),
+], ids=["chunk", "prefix"])
+def test_golden_files_carry_the_chunk_and_the_prefix(tmp_path, capsys, flags, stored):
+    """reference generate takes each feature's flag, the file stores it, check replays it: torch-tiled passes,
+    a kernel that drops the feature fails (the negative control)."""
+    path = tmp_path / "case.npz"
+    assert main(["generate", "--shape", "2,2,1,19,23,8", "--dtype", "fp32", "--seed", "3", "--out", str(path),
+                 *flags]) == 0
+    case = golden.load(path)
+    assert {name: case.meta["spec"][name] for name in stored} == stored
+    assert main(["check", str(path), "--impl", "attnformal.kernels.torch_tiled:attention"]) == 0
+    broken = tmp_path / "broken.py"
+    broken.write_text(BROKEN_CHUNK_IMPL.replace("chunk_size=None", f"{next(iter(stored))}=None"))
+    assert main(["check", str(path), "--impl", f"{broken}:no_chunk"]) == 1
+    capsys.readouterr()

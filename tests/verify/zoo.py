@@ -56,6 +56,7 @@ ZOO = [
     Specimen("kv_lens_ignored", "kv_lens_ignored", "kv_lens is ignored"),
     Specimen("packed_leak", "packed_boundary_leak", "each packed sequence also reads the next sequence's first key"),
     Specimen("chunk_off_by_one", "chunk_off_by_one", "chunks start one key late (key j in chunk (j - 1) // C)"),
+    Specimen("prefix_wrong_batch", "prefix_wrong", "batch b uses the prefix length of batch b + 1"),
     Specimen("strides_ignored", "strides_ignored", "inputs are read as if contiguous"),
     Specimen("input_mutation", "input_mutation", "q is pre-scaled in place"),
     Specimen("dropout_rate", "dropout_rate", "keeps with probability p instead of 1 - p"),
@@ -82,16 +83,18 @@ def specimen_impl(bug: str):
 
 
 def attention(q, k, v, *, scale=None, causal=None, window=None, attn_mask=None, kv_lens=None, softcap=None,
-              dropout_p=0.0, dropout_mask=None, chunk_size=None, cu_seqlens_q=None, cu_seqlens_k=None,
-              return_lse=False, bug=None):
+              dropout_p=0.0, dropout_mask=None, chunk_size=None, prefix_lens=None, cu_seqlens_q=None,
+              cu_seqlens_k=None, return_lse=False, bug=None):
+    features = {"chunk_size": chunk_size, "prefix_lens": prefix_lens}
     if cu_seqlens_q is not None or cu_seqlens_k is not None:
         AttentionSpec.from_inputs(q, k, v, scale=scale, causal=causal, window=window, kv_lens=kv_lens, softcap=softcap,
-                                  chunk_size=chunk_size, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+                                  cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, **features)
         keywords = dict(scale=scale, causal=causal, window=window, softcap=softcap, chunk_size=chunk_size)
-        return _packed(q, k, v, list(cu_seqlens_q), list(cu_seqlens_k), kv_lens, keywords, return_lse, bug)
+        per_batch = {"kv_lens": kv_lens, "prefix_lens": prefix_lens}
+        return _packed(q, k, v, list(cu_seqlens_q), list(cu_seqlens_k), per_batch, keywords, return_lse, bug)
     spec = AttentionSpec.from_inputs(q, k, v, scale=scale, causal=causal, window=window, attn_mask=attn_mask,
                                      kv_lens=kv_lens, softcap=softcap, dropout_p=dropout_p, dropout_mask=dropout_mask,
-                                     chunk_size=chunk_size)
+                                     **features)
     if bug == "strides_ignored":
         q, k, v = (t.as_strided(t.shape, torch.empty(t.shape).stride()) for t in (q, k, v))
     if bug == "input_mutation":
@@ -99,23 +102,23 @@ def attention(q, k, v, *, scale=None, causal=None, window=None, attn_mask=None, 
             q.mul_(spec.scale)
         spec = AttentionSpec.from_inputs(q, k, v, scale=1.0, causal=causal, window=window, attn_mask=attn_mask,
                                          kv_lens=kv_lens, softcap=softcap, dropout_p=dropout_p,
-                                         dropout_mask=dropout_mask, chunk_size=chunk_size)
+                                         dropout_mask=dropout_mask, **features)
     if bug == "scale_ignored":
         spec = AttentionSpec.from_inputs(q, k, v, causal=causal, window=window, attn_mask=attn_mask,
                                          kv_lens=kv_lens, softcap=softcap, dropout_p=dropout_p,
-                                         dropout_mask=dropout_mask, chunk_size=chunk_size)
+                                         dropout_mask=dropout_mask, **features)
     out, lse = _Flash.apply(q, k, v, spec, _keep_weights(spec, q, bug), bug)
     return (out, lse) if return_lse else out
 
 
-def _packed(q, k, v, cu_q, cu_k, kv_lens, keywords, return_lse, bug):
+def _packed(q, k, v, cu_q, cu_k, per_batch, keywords, return_lse, bug):
     """Sequence by sequence, sliced here from the offsets (packed [T, H, D] -> [1, H, S, D] and back)."""
     outs, lses = [], []
     for b in range(len(cu_q) - 1):
         end_k = cu_k[b + 1] + (1 if bug == "packed_leak" and cu_k[b + 1] < k.shape[0] else 0)  # next sequence's key
         one = [t.transpose(0, 1)[None] for t in (q[cu_q[b]:cu_q[b + 1]], k[cu_k[b]:end_k], v[cu_k[b]:end_k])]
-        lengths = None if kv_lens is None else [kv_lens[b]]
-        out, lse = attention(*one, kv_lens=lengths, return_lse=True, **keywords)
+        entries = {name: None if value is None else [value[b]] for name, value in per_batch.items()}
+        out, lse = attention(*one, return_lse=True, **entries, **keywords)
         outs.append(out[0].transpose(0, 1))
         lses.append(lse[0].transpose(0, 1))
     return (torch.cat(outs), torch.cat(lses)) if return_lse else torch.cat(outs)
@@ -159,10 +162,12 @@ def _allowed(spec, bug, width, device):
         if bug != "ragged_block" or spec.kv_lens is not None:
             ok &= j < n
         extra = 1 if bug == "causal_off_by_one" else 0
+        prefix = 0 if spec.prefix_lens is None else \
+            spec.prefix_lens[(b + 1) % spec.batch if bug == "prefix_wrong_batch" else b]  # keys everyone sees
         if spec.causal == "top_left" or (spec.causal == "bottom_right" and bug == "causal_alignment"):
-            ok &= j <= i + extra
+            ok &= (j <= i + extra) | (j < prefix)
         elif spec.causal == "bottom_right":
-            ok &= j <= i + offset + extra
+            ok &= (j <= i + offset + extra) | (j < prefix)
         if spec.window is not None:
             left, right = spec.window
             if left >= 0:

@@ -140,6 +140,19 @@ def chunk(run):
                 "chunk + causal + kv_lens")
 
 
+@check("mask.prefix")
+def prefix(run):
+    """Prefix-LM: prefixes of 0 keys, inside, across key blocks and of every key, one per batch element, under
+    both causal alignments, Sq < Sk and Sq > Sk, with kv_lens."""
+    sh = shape(3, 2, 2, 40, 57, 32)
+    _mask_cases(run, [{"prefix_lens": [0, 23, 57], "causal": "bottom_right"},
+                      {"prefix_lens": [57, 0, 9], "causal": "top_left"}], [sh])
+    _mask_cases(run, [{"prefix_lens": [30, 12, 0], "causal": "bottom_right", "kv_lens": [57, 20, 33]}], [sh],
+                "prefix + kv_lens")
+    _mask_cases(run, [{"prefix_lens": [10, 60], "causal": "bottom_right"}], [shape(2, 2, 2, 70, 60, 16)],
+                "prefix, Sq > Sk")
+
+
 @check("mask.kv_lens")
 def kv_lens(run):
     """Per-batch key lengths: full, partial, one key and none."""

@@ -53,6 +53,7 @@ def probability_cases(run):
         identity_case("window (0, 3) + causal", sh, window=(4, 0), causal="bottom_right"),
         identity_case("kv_lens", sh, kv_lens=[70, 23]),
         identity_case("chunk 8 (Sq < Sk)", sh, chunk_size=8),
+        identity_case("prefix per batch + causal", sh, causal="bottom_right", prefix_lens=[50, 9]),
         identity_case("attn_mask", sh, attn_mask=random_attn_mask(gen, sh, 0.5)),
         negative,
     ]

@@ -90,9 +90,8 @@ class CuSeqlens(Feature):
         from attnformal import cli
 
         parser.add_argument(f"--cu-seqlens-{self.side}", action=cli.IntList, metavar="0,N,...",
-                            form="comma-separated cumulative lengths, from 0",
-                            help=f"packed batch: cumulative {'query' if self.side == 'q' else 'key'} lengths "
-                                 f"(--shape then gives B and the token counts T{self.side})")
+                            form="comma-separated cumulative lengths, from 0",  # --shape's Sq, Sk: then Tq, Tk
+                            help=f"packed: cumulative {'query' if self.side == 'q' else 'key'} lengths")
 
     def from_arguments(self, args):
         return getattr(args, self.name)

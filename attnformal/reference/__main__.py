@@ -74,11 +74,11 @@ def _parser() -> argparse.ArgumentParser:
                      help="add a seeded random bool mask, this fraction True")
     gen.add_argument("--scale", type=cli.number(), metavar="S", help="softmax scale (default 1/sqrt(D))")
     gen.add_argument("--input-scale", type=cli.number(minimum=0), default=1.0, metavar="X",
-                     help="inputs ~ N(0,1) times X (default 1; large: extreme logits)")
+                     help="inputs ~ N(0,1) times X (default 1)")
     gen.add_argument("--max-radius", type=cli.number(above=0), metavar="R",
                      help="raise the precision until every radius is <= R")
     gen.add_argument("--prec", type=int, metavar="BITS",
-                     help="Arb at BITS bits (default: the float64 tier; 128 for fp64)")
+                     help="Arb at BITS bits (default float64; fp64: 128)")
     gen.add_argument("--workers", type=int, help="run the float64 tier's tiles on a local Dask cluster of N worker "
                                                  "processes (pip install 'attnformal[distributed]'); same result")
     gen.add_argument("--cluster", metavar="ADDRESS", help="run them on the Dask scheduler at ADDRESS (tcp://host:port)")

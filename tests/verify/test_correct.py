@@ -8,10 +8,10 @@ from attnformal.verify.report import render
 
 # (alias, checks that must be unsupported: the features the kernel lacks, no more)
 CORRECT = [
-    ("sdpa-math", {"fwd.softcap", "lse.values", "dropout.replay"}),
+    ("sdpa-math", {"fwd.softcap", "lse.values", "dropout.replay", "mask.packed"}),
     # Its float32 finite-difference case runs once adapted to Dv = D (it refuses float64 and Dv != D).
     ("sdpa-flash", {"fwd.softcap", "lse.values", "dropout.replay", "dropout.statistics",
-                    "dropout.own_mask_backward"}),
+                    "dropout.own_mask_backward", "mask.packed"}),
     ("torch-tiled", {"dropout.statistics", "dropout.own_mask_backward"}),
     ("torch-tiled-split", {"dropout.statistics", "dropout.own_mask_backward"}),  # 32 x 32 tiles, 3 KV splits
     ("torch-tiled-small", {"dropout.statistics", "dropout.own_mask_backward"}),  # 16 x 16 tiles

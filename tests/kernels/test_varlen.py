@@ -22,6 +22,8 @@ MASKS = {
     "causal top-left": {"causal": "top_left"},
     "window": {"window": (4, 2)},
     "kv_lens + causal": {"kv_lens": [2, 0, 7, 15, 1, 9, 0], "causal": "bottom_right"},
+    "chunk": {"chunk_size": 4},
+    "prefix + causal": {"prefix_lens": [1, 0, 5, 0, 17, 3, 1], "causal": "bottom_right"},
 }
 
 
@@ -56,6 +58,10 @@ def hand_allowed(mask):
             if "window" in mask:
                 left, right = mask["window"]
                 ok = ok and i + offset - left <= j <= i + offset + right
+            if "chunk_size" in mask:
+                ok = ok and i + offset >= 0 and (i + offset) // mask["chunk_size"] == j // mask["chunk_size"]
+            if "prefix_lens" in mask:
+                ok = ok or j < mask["prefix_lens"][b]
             allowed[cq[b] + i, ck[b] + j] = ok
     return allowed
 

@@ -280,6 +280,30 @@ def flash_attn(spec, q, k, v, return_lse):
     return out.transpose(1, 2), lse
 
 
+@adapter({"causal", "window", "softcap", "dropout_p", "cu_seqlens_q", "cu_seqlens_k"})
+def flash_attn_varlen(spec, q, k, v, return_lse):
+    """flash_attn.flash_attn_varlen_func (packed [T, H, D], cu_seqlens int32; lse [Hq, Tq] transposed to the
+    protocol's [Tq, Hq]). Each sequence's causal and window alignment is bottom-right, as the spec's."""
+    varlen_func = _optional("flash_attn").flash_attn_varlen_func
+    _refuse(not spec.packed, "flash_attn_varlen_func takes a packed batch (cu_seqlens_q/k)")
+    _refuse(q.device.type != "cuda", "flash_attn runs on CUDA only")
+    _refuse(q.dtype not in (torch.float16, torch.bfloat16), "flash_attn supports fp16 and bf16 only")
+    _refuse(spec.head_dim_v != spec.head_dim, "flash_attn needs Dv = D")
+    lengths = [spec.sequence_lengths(b) for b in range(spec.batch)]
+    _refuse(spec.causal == "top_left" and any(lq != lk for lq, lk in lengths),
+            "flash_attn's causal mask is bottom-right")
+    cu_q, cu_k = (torch.tensor(cu, dtype=torch.int32, device=q.device) for cu in (spec.cu_seqlens_q, spec.cu_seqlens_k))
+    left, right = spec.window if spec.window is not None else (-1, -1)
+    result = varlen_func(q, k, v, cu_q, cu_k, max(lq for lq, _ in lengths), max(lk for _, lk in lengths),
+                         dropout_p=spec.dropout_p, softmax_scale=spec.scale, causal=spec.causal is not None,
+                         window_size=(max(left, -1), max(right, -1)), softcap=spec.softcap or 0.0,
+                         return_attn_probs=return_lse)
+    if not return_lse:
+        return result
+    out, lse, _ = result
+    return out, lse.transpose(0, 1)
+
+
 # ---------------------------------------------------------------- xformers
 
 
@@ -309,7 +333,7 @@ def xformers(spec, q, k, v, return_lse):
 
 
 # no softcap and no sinks (no such parameters); it draws its own dropout mask
-@adapter(DENSE_MASKS | {"dropout_p", "alibi_slopes", "bias"})
+@adapter(DENSE_MASKS | {"dropout_p", "alibi_slopes", "bias", "cu_seqlens_q", "cu_seqlens_k"})
 def npu_fusion_attention(spec, q, k, v, return_lse):
     """torch_npu.npu_fusion_attention in BNSD layout.
 
@@ -322,6 +346,8 @@ def npu_fusion_attention(spec, q, k, v, return_lse):
     from attnformal.npu import NPU_PSE_TYPE, npu_pse
 
     torch_npu = _optional("torch_npu")
+    if spec.packed:
+        return _npu_tnd(torch_npu, spec, q, k, v, return_lse)
     sparse_mode, pre_tokens, next_tokens, forbidden = _npu_mask(spec, q.device)
     pse = npu_pse(spec, q.device, q.dtype)
     position = {} if pse is None else {"pse": pse, "pse_type": NPU_PSE_TYPE}
@@ -332,6 +358,25 @@ def npu_fusion_attention(spec, q, k, v, return_lse):
     if not return_lse:
         return out
     return out, softmax_max[..., 0] + torch.log(softmax_sum[..., 0])  # [B, N, S, 8]: 8 equal copies
+
+
+def _npu_tnd(torch_npu, spec, q, k, v, return_lse):
+    """A packed batch in TND layout: :func:`attnformal.npu.npu_varlen_args` (cumulative actual_seq_qlen/kvlen,
+    the sequence's mask mode; obligation 9 proves both). Modes 2-4 take the compressed triangle."""
+    from attnformal.npu import npu_varlen_args
+
+    _refuse(_masked_beyond(spec, "causal", "window"), "a packed batch on the NPU maps causal and window only")
+    _refuse(spec.alibi_slopes is not None or spec.bias is not None,
+            "a packed batch on the NPU takes no pse here (its TND layout for pse is not documented)")
+    arguments = npu_varlen_args(spec)
+    n = NPU_COMPRESSED_MASK
+    forbidden = None if arguments["sparse_mode"] == 0 else torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
+    outputs = torch_npu.npu_fusion_attention(q, k, v, spec.heads_q, atten_mask=forbidden, scale=spec.scale,
+                                             keep_prob=1.0 - spec.dropout_p, **arguments)
+    out, softmax_max, softmax_sum = outputs[:3]
+    if not return_lse:
+        return out
+    return out, softmax_max[..., 0] + torch.log(softmax_sum[..., 0])  # [T, N, 8]: 8 equal copies
 
 
 NPU_COMPRESSED_MASK = 2048  # sparse modes 2, 3, 4 take this fixed upper-triangular mask
@@ -372,6 +417,7 @@ ALIASES = {
     "ring": ring,
     "triton-flash": triton_flash,
     "flash-attn": flash_attn,
+    "flash-attn-varlen": flash_attn_varlen,
     "xformers": xformers,
     "npu": npu_fusion_attention,
 }
@@ -379,7 +425,8 @@ ALIASES = {
 
 # The optional package each adapter needs: without it the alias is a usage error, not a run
 # in which every check is unsupported.
-REQUIRES = {"triton-flash": "triton", "flash-attn": "flash_attn", "xformers": "xformers", "npu": "torch_npu"}
+REQUIRES = {"triton-flash": "triton", "flash-attn": "flash_attn", "flash-attn-varlen": "flash_attn", "xformers": "xformers",
+            "npu": "torch_npu"}
 
 
 def resolve(target: str):

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from attnformal import ops
 from attnformal.features import with_role
+from attnformal.features.base import element
 from attnformal.masks import MaskGeometry
 
 MAPPED = ("causal", "window")  # the index-mask features npu_mask_args maps to a sparse mode; others: mode 1
@@ -76,6 +77,28 @@ def npu_keeps(i, j, *, sparse_mode, pre_tokens, next_tokens, len_q, len_k, atten
     if sparse_mode == 4:
         return ops.and_(in_range, -pre_tokens <= j - i - offset, j - i - offset <= next_tokens)
     raise NotImplementedError(f"sparse_mode={sparse_mode}: only modes 0-4 are modelled")
+
+
+def npu_sequence_start(actual_seq_len, b):
+    """Where sequence ``b`` starts in a TND tensor: CANN's ``actual_seq_qlen`` / ``actual_seq_kvlen`` are the
+    *cumulative* lengths without the leading 0 (``[2, 5]``: sequences of 2 and 3 tokens)."""
+    return ops.where(b == 0, 0, element(actual_seq_len, b - 1))
+
+
+def npu_varlen_args(spec):
+    """Keyword arguments of ``npu_fusion_attention(..., "TND", ...)`` for a packed spec.
+
+    ``actual_seq_qlen = cu_seqlens_q[1:]``, ``actual_seq_kvlen = cu_seqlens_k[1:]``, and the sparse mode of
+    :func:`npu_mask_args` for the sequences' geometry: in TND, modes 0, 2, 3 and 4 apply to each sequence with
+    its own ``Sq``, ``Skv`` (the modelling assumption, from the sparse-mode page: the varlen masks are drawn per
+    batch). Not mapped: ``kv_lens`` (TND has no padding: pack only the valid keys), an explicit mask, and the
+    modes 7/8 -- "varlen circumscribed" cuts of one long sequence split across devices, whose band starts
+    from a corner of the whole split sequence; for an unsplit batch they are modes 3/2, which are mapped.
+    """
+    mode, pre, following = npu_mask_args(spec.geometry(0))
+    return {"input_layout": "TND", "actual_seq_qlen": list(spec.cu_seqlens_q[1:]),
+            "actual_seq_kvlen": list(spec.cu_seqlens_k[1:]), "sparse_mode": mode, "pre_tockens": pre,
+            "next_tockens": following}
 
 
 def npu_atten_mask(allowed):

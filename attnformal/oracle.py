@@ -6,14 +6,17 @@ separately); the softmax is dense, so it checks the tiling and the merge indepen
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from attnformal import ops
 from attnformal.features import FEATURES, refuse_unsupported
+from attnformal.features.varlen import run_packed
 from attnformal.spec import AttentionSpec
 
 # The parts a feature can play that the dense computation below knows how to compute.
-ORACLE_ROLES = ("interval", "length", "data", "scores", "bias", "state", "dropout")
+ORACLE_ROLES = ("interval", "length", "data", "scores", "bias", "state", "dropout", "layout")
 
 
 def attention_oracle(q, k, v, *, scale=None, return_lse=False, **features):
@@ -35,8 +38,11 @@ def oracle_from_spec(spec: AttentionSpec, q, k, v, dtype=torch.float64):
     """``(out, lse)`` for a validated spec, computed in ``dtype`` (float64: the oracle).
 
     Another ``dtype`` gives the same dense computation in that precision: the naive
-    same-dtype control that the battery's "k x the naive error" criterion compares with.
+    same-dtype control that the battery's "k x the naive error" criterion compares with. A packed
+    batch is computed sequence by sequence (:func:`attnformal.features.varlen.run_packed`).
     """
+    if spec.packed:
+        return run_packed(spec, q, k, v, functools.partial(oracle_from_spec, dtype=dtype))
     p, lse = oracle_probabilities(spec, q, k, dtype)
     return oracle_output(spec, p, v), lse
 

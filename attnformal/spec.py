@@ -27,7 +27,7 @@ import math
 from typing import Any
 
 from attnformal import ops
-from attnformal.features import FEATURES, Problem, feature, with_role
+from attnformal.features import FEATURES, Problem, feature, varlen, with_role
 from attnformal.features.softcap import apply_softcap
 from attnformal.masks import MaskGeometry
 
@@ -122,14 +122,42 @@ class AttentionSpec:
         Z3 Int (the prover's, with per-batch values Z3 arrays). ``b=None``: the per-batch features
         are left out (``Sk`` keys, no prefix): right only when none is given.
         """
-        len_k = self.len_k
+        len_q, len_k = self.sequence_lengths(b)
         for f in with_role("length"):
             value = getattr(self, f.name)
             if f.active(value) and b is not None:
                 len_k = f.key_length(f.geometry_value(value, b), len_k)
         values = {f.name: f.geometry_value(getattr(self, f.name), b) for f in with_role("interval", "data")}
         causal, window, has_mask = values.pop("causal"), values.pop("window"), values.pop("attn_mask")
-        return MaskGeometry(self.len_q, len_k, causal, window, has_mask, **values)
+        return MaskGeometry(len_q, len_k, causal, window, has_mask, **values)
+
+    def sequence_lengths(self, b=None):
+        """``(len_q, len_k)`` of batch element ``b``: a packed sequence's own, else ``(Sq, Sk)``."""
+        len_q, len_k = self.len_q, self.len_k
+        for f in with_role("layout"):
+            value = getattr(self, f.name)
+            if f.active(value) and b is not None:
+                len_q, len_k = f.sequence_lengths(value, b, len_q, len_k)
+        return len_q, len_k
+
+    @property
+    def packed(self) -> bool:
+        """Whether this is a packed variable-length batch (q ``[Tq, Hq, D]``, ``len_q`` = Tq)."""
+        return any(f.active(getattr(self, f.name)) for f in with_role("layout"))
+
+    def sequence(self, b: int) -> AttentionSpec:
+        """Packed sequence ``b`` as a problem of its own: batch 1, its own lengths, no layout, and
+        entry ``b`` of every per-batch feature (see :mod:`attnformal.features.varlen`)."""
+        values = {}
+        for f in FEATURES:
+            value = getattr(self, f.name)
+            if f.role == "layout":
+                value = f.default
+            elif f.per_batch and value is not None:
+                value = value[b:b + 1]
+            values[f.name] = value
+        len_q, len_k = self.sequence_lengths(b)
+        return AttentionSpec(**{**self._core, "batch": 1, "len_q": len_q, "len_k": len_k}, **values)
 
     def batch_groups(self) -> list[tuple[int, ...]]:
         """The batch elements grouped by geometry: one schedule serves each group."""
@@ -214,12 +242,20 @@ class AttentionSpec:
             if name not in known:
                 raise TypeError(f"unexpected keyword argument {name!r} (protocol features: "
                                 f"{', '.join(f.name for f in FEATURES)})")
-        batch, heads_q, len_q, head_dim = _check_qkv(q, k, v)
-        heads_kv, len_k, head_dim_v = k.shape[1], k.shape[2], v.shape[3]
+        _check_dtypes(q, k, v)
+        if varlen.packed(keywords):
+            batch, heads_q, len_q, head_dim, heads_kv, len_k, head_dim_v = varlen.check_packed(q, k, v, keywords)
+        else:
+            batch, heads_q, len_q, head_dim = _check_qkv(q, k, v)
+            heads_kv, len_k, head_dim_v = k.shape[1], k.shape[2], v.shape[3]
         problem = Problem(batch, heads_q, len_q, len_k, q.device)
         values = {}
         for f in FEATURES:
             values[f.name] = f.validate(keywords.get(f.name, f.default), problem, values)
+        for f in FEATURES:
+            reason = f.active(values[f.name]) and f.conflict(values)
+            if reason:
+                raise SpecError(f.name, f"no conflicting feature ({reason})", repr(values[f.name]))
         return cls(batch=batch, heads_q=heads_q, heads_kv=heads_kv, len_q=len_q, len_k=len_k,
                    head_dim=head_dim, head_dim_v=head_dim_v, scale=_check_scale(scale, head_dim), **values)
 
@@ -232,12 +268,13 @@ def describe(t) -> str:
     return f"tensor of shape {tuple(t.shape)}, dtype {str(t.dtype).removeprefix('torch.')}, device {t.device}"
 
 
-def _check_qkv(q, k, v):
+def _check_dtypes(q, k, v):
+    """Tensors of one supported floating dtype on one device (either layout)."""
     import torch
 
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise SpecError(name, "a 4-D tensor [B, H, S, D]", describe(t))
+        if not isinstance(t, torch.Tensor):
+            raise SpecError(name, "a tensor ([B, H, S, D], or [T, H, D] with cu_seqlens_q/k)", describe(t))
         if str(t.dtype).removeprefix("torch.") not in SUPPORTED_DTYPES:
             raise SpecError(name, f"a floating dtype in {SUPPORTED_DTYPES}", describe(t))
     for name, t in (("k", k), ("v", v)):
@@ -245,6 +282,12 @@ def _check_qkv(q, k, v):
             raise SpecError(name, f"the dtype of q ({q.dtype})", describe(t))
         if t.device != q.device:
             raise SpecError(name, f"the device of q ({q.device})", describe(t))
+
+
+def _check_qkv(q, k, v):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise SpecError(name, "a 4-D tensor [B, H, S, D]", describe(t))
     batch, heads_q, len_q, head_dim = q.shape
     if head_dim == 0:
         raise SpecError("q", "a head dim D >= 1", describe(q))

@@ -7,6 +7,7 @@ protocol of :mod:`attnformal.verify`, built by :func:`protocol_entry`.
 from __future__ import annotations
 
 from attnformal.features import refuse_unsupported
+from attnformal.features.varlen import run_packed
 from attnformal.spec import AttentionSpec
 
 
@@ -27,7 +28,10 @@ def protocol_entry(supports):
             if spec.dropout_p > 0 and spec.dropout_mask is None:
                 raise NotImplementedError(f"{run.__module__} draws no dropout mask of its own: "
                                           "pass dropout_mask to replay")
-            out, lse = run(q, k, v, spec, schedule)
+            if spec.packed:  # sequence by sequence: no tile ever straddles two sequences
+                out, lse = run_packed(spec, q, k, v, lambda one, *qkv: run(*qkv, one, schedule))
+            else:
+                out, lse = run(q, k, v, spec, schedule)
             return (out, lse) if return_lse else out
 
         # Name and document it as ``run``, but keep the protocol's own signature visible (no __wrapped__).

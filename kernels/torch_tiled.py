@@ -24,7 +24,7 @@ from attnformal.kernels.split_kv import combine
 
 # The protocol features this kernel computes; any other active one is refused.
 SUPPORTS = frozenset({"causal", "window", "chunk_size", "kv_lens", "prefix_lens", "attn_mask", "softcap",
-                      "alibi_slopes", "bias", "sinks", "dropout_p", "dropout_mask"})
+                      "alibi_slopes", "bias", "sinks", "dropout_p", "dropout_mask", "cu_seqlens_q", "cu_seqlens_k"})
 DEFAULT_SCHEDULE = TileSchedule(block_m=128, block_n=128)
 
 

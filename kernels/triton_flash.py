@@ -85,7 +85,7 @@ from attnformal.tile import sink_grads
 
 # The protocol features this kernel computes; any other active one is refused.
 SUPPORTS = frozenset({"causal", "window", "chunk_size", "kv_lens", "prefix_lens", "attn_mask", "softcap",
-                      "alibi_slopes", "bias", "sinks", "dropout_p", "dropout_mask"})
+                      "alibi_slopes", "bias", "sinks", "dropout_p", "dropout_mask", "cu_seqlens_q", "cu_seqlens_k"})
 DEFAULT_SCHEDULE = TileSchedule(block_m=128, block_n=64)  # the Triton tutorial's forward tile
 MAX_HEAD_DIM = 256  # the largest head dim triton-ascend's attention supports (pads to {16..256})
 MIN_BLOCK = 16  # tl.dot needs every tile dimension >= 16

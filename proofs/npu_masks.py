@@ -18,6 +18,12 @@ top-left; mode 3 is causal bottom-right; mode 4 with ``(pre, next) = (L, R)`` is
 mode 1 with the inverted dense mask is any explicit mask. The length bound is the NPU's own
 (int32 lengths; ``INT_MAX`` stands for an unbounded side). Top-left causal with a window is
 rejected by ``npu_mask_args`` (``NotImplementedError``), so it has no case here.
+
+**Theorem 9b (TND layout, Z3, all B and cumulative lengths).** With ``actual_seq_qlen`` /
+``actual_seq_kvlen`` = ``cu_seqlens_q[1:]`` / ``cu_seqlens_k[1:]`` (:func:`attnformal.npu.npu_varlen_args`),
+the NPU's sequence ``b`` (from ``npu_sequence_start``) starts at the spec's packed ``cu[b]`` and has its
+length; so theorem 9, for all lengths, applies to every sequence of a TND call (modes 0, 2-4 drawn per
+sequence: the modelling assumption stated in :mod:`attnformal.npu`). Sparse modes 5-8 are not mapped.
 """
 
 from __future__ import annotations
@@ -28,13 +34,38 @@ import z3
 
 from attnformal import masks, npu
 from attnformal.logic import Budget, Control, Query, Settings, check_z3
+from attnformal.features import varlen
+from attnformal.features.base import element
 from attnformal.masks import MaskGeometry
+from attnformal.spec import AttentionSpec
 
 TITLE = "Ascend NPU mask semantics"
 
 
 def checks(settings: Settings, budget: Budget):
     yield mapping_is_exact(budget)
+    yield tnd_sequences_are_the_packed_ones(budget)
+
+
+def tnd_sequences_are_the_packed_ones(budget: Budget):
+    """Theorem 9b: with ``actual_seq_len`` = ``npu_varlen_args``'s ``cu[1:]``, the NPU's sequence ``b`` starts
+    and ends where the spec's packed map puts it (all B, all cumulative lengths): so theorem 9 applies to each
+    sequence with its own lengths, and the TND call computes the spec's packed predicate."""
+
+    def queries():
+        b, batch, x = z3.Ints("b B x")
+        for side in ("q", "k"):
+            cu = z3.Array(f"cu_{side}", z3.IntSort(), z3.IntSort())
+            spec = AttentionSpec(batch=batch, heads_q=1, heads_kv=1, len_q=cu[batch], len_k=cu[batch], head_dim=1,
+                                 head_dim_v=1, scale=1.0, cu_seqlens_q=cu, cu_seqlens_k=cu)
+            actual = z3.Lambda([x], cu[x + 1])  # the list cu[1:], as an array
+            start, stop = npu.npu_sequence_start(actual, b), npu.npu_sequence_start(actual, b + 1)
+            claim = z3.And(start == varlen.sequence_start(cu, b), stop - start == spec.sequence_lengths(b)[0])
+            hypotheses = (("cu[0] = 0", cu[0] == 0), ("0 <= b < B", z3.And(0 <= b, b < batch)))
+            yield Query(claim, hypotheses, {"b": b, "npu start": start, "cu[b]": cu[b]}, case=f"actual_seq_{side}len")
+
+    return check_z3("TND: sequence b of actual_seq_qlen/kvlen = cu[1:] is the spec's packed sequence b", queries(),
+                    budget=budget)
 
 
 def mapping_is_exact(budget: Budget, families=None):
@@ -88,6 +119,8 @@ CONTROLS = (
             npu, "npu_mask_args", _mode_2_for_bottom_right, mapping_is_exact),
     Control("pre/next swapped", "the window's left bound passed as next_tokens and the right as pre_tokens",
             npu, "npu_mask_args", _pre_next_swapped, mapping_is_exact),
+    Control("actual_seq_len with a leading 0", "actual_seq_qlen indexed as if it were cu_seqlens (leading 0 kept)",
+            npu, "npu_sequence_start", element, tnd_sequences_are_the_packed_ones),
     Control("atten_mask polarity", "the torch mask (True = may attend) passed as atten_mask unchanged",
             npu, "npu_atten_mask", lambda allowed: allowed, mapping_is_exact),
 )

@@ -8,7 +8,7 @@ so that a test can register a dummy feature for a while (:func:`registered`).
 from __future__ import annotations
 
 from attnformal.features import (alibi, attn_mask, bias, causal, chunk, dropout, kv_lens, prefix, sinks, softcap,
-                                 window)
+                                 varlen, window)
 from attnformal.features.base import Feature, Problem, refuse_unsupported, registered
 
 FEATURES: list[Feature] = [
@@ -24,6 +24,8 @@ FEATURES: list[Feature] = [
     alibi.FEATURE,
     bias.FEATURE,
     sinks.FEATURE,
+    varlen.CU_SEQLENS_Q,  # last: their validation checks per-sequence bounds of the features above
+    varlen.CU_SEQLENS_K,
 ]
 
 

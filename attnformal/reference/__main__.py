@@ -75,11 +75,11 @@ def _parser() -> argparse.ArgumentParser:
                      help="add a seeded random bool mask, this fraction True")
     gen.add_argument("--scale", type=cli.number(), metavar="S", help="softmax scale (default 1/sqrt(D))")
     gen.add_argument("--input-scale", type=cli.number(minimum=0), default=1.0, metavar="X",
-                     help="inputs ~ N(0,1) * X (default 1)")
+                     help="inputs ~ N(0,1) times X (default 1)")
     gen.add_argument("--max-radius", type=cli.number(above=0), metavar="R",
                      help="raise the precision until every radius is <= R")
     gen.add_argument("--prec", type=int, metavar="BITS",
-                     help="Arb at BITS bits (default: the float64 tier; 128 for fp64)")
+                     help="Arb at BITS bits (default float64; fp64: 128)")
     gen.add_argument("--workers", type=int, help="run the float64 tier's tiles on a local Dask cluster of N worker "
                                                  "processes (pip install 'attnformal[distributed]'); same result")
     gen.add_argument("--cluster", metavar="ADDRESS", help="run them on the Dask scheduler at ADDRESS (tcp://host:port)")
@@ -112,15 +112,16 @@ def _generate(args) -> int:
     given = {f.name: f.from_arguments(args) for f in FEATURES}  # tensor features: those given by a flag
     protocol = {"scale": args.scale, **{n: v for n, v in given.items() if not feature(n).tensor or v is not None}}
     _check_space(shape, dtype, out, args)
+    packed = any(protocol.get(name) is not None for name in ("cu_seqlens_q", "cu_seqlens_k"))
     inputs = golden.make_inputs(shape, dtype, args.seed, input_scale=args.input_scale, dropout_p=args.dropout_p,
-                                attn_mask_density=args.attn_mask_density)
+                                attn_mask_density=args.attn_mask_density, packed=packed)
 
     def first_rows(rows: int, progress):
         """The reference of the case's first ``rows`` query rows (every batch, head and key)."""
         sample = {name: t if name in ("k", "v") else t[:, :, :rows] for name, t in inputs.items()}
         return golden.generate(sample, max_radius=args.max_radius, prec=args.prec, progress=progress, **protocol)
 
-    estimate = cost.estimate(first_rows, shape[3], cost.available_memory())
+    estimate = None if packed else cost.estimate(first_rows, shape[3], cost.available_memory())  # rows: padded
     if estimate is not None:
         _check_estimate(estimate, dtype, args)
     start = time.perf_counter()

@@ -126,6 +126,9 @@ def certified_attention(q, k, v, grad_out=None, *, max_radius: float | None = No
     (tile and task sizes). ``dense``: the float64 tier without tiles.
     """
     spec = AttentionSpec.from_inputs(q, k, v, **protocol)
+    if spec.packed:
+        return _certified_packed(spec, q, k, v, grad_out, max_radius=max_radius, prec=prec, executor=executor,
+                                 tiling=tiling, dense=dense)
     inputs = exact_inputs(spec, q, k, v, grad_out)
     if max_radius is not None and not max_radius > 0:
         raise SpecError("max_radius", "a positive float or None", repr(max_radius))
@@ -144,6 +147,26 @@ def certified_attention(q, k, v, grad_out=None, *, max_radius: float | None = No
             wanted = "a finite radius" if max_radius is None else f"max_radius={max_radius:.3g}"
             raise CertificationError(f"radius {result.enclosure_radius:.3g}, not {wanted}, at {prec} bits")
         prec *= 2
+
+
+def _certified_packed(spec, q, k, v, grad_out, **options) -> CertifiedResult:
+    """A packed batch: each sequence certified as its own problem, the balls put back on its packed rows."""
+    from attnformal.features import varlen
+
+    if grad_out is not None and tuple(grad_out.shape) != (spec.len_q, spec.heads_q, spec.head_dim_v):
+        raise SpecError("grad_out", f"a float tensor [Tq, Hq, Dv] = {[spec.len_q, spec.heads_q, spec.head_dim_v]} "
+                                    "(packed)", _describe(grad_out))
+    results = []
+    for b, (q_rows, k_rows) in enumerate(varlen.sequence_rows(spec, q.device)):
+        one = spec.sequence(b)
+        protocol = {"scale": one.scale, **{f.name: getattr(one, f.name) for f in FEATURES if not f.tensor}}
+        sub_grad = None if grad_out is None else varlen.unpack(grad_out, q_rows)
+        results.append(certified_attention(varlen.unpack(q, q_rows), varlen.unpack(k, k_rows),
+                                           varlen.unpack(v, k_rows), sub_grad, **options, **protocol))
+    names = [n for name in results[0].fields() for n in (name, f"{name}_radius")]
+    packed = varlen.pack(spec, [{n: getattr(r, n) for n in names} for r in results])
+    return CertifiedResult(spec=spec, tier=", ".join(sorted({r.tier for r in results})),
+                           enclosure_radius=max(r.enclosure_radius for r in results), **packed)
 
 
 def _meets(result: CertifiedResult, max_radius) -> bool:

@@ -92,12 +92,15 @@ def _tensor_features(spec: AttentionSpec) -> dict:
 
 
 def make_inputs(shape, dtype: torch.dtype, seed: int, *, input_scale: float = 1.0, dropout_p: float = 0.0,
-                attn_mask_density: float | None = None) -> dict:
-    """Seeded ``q, k, v, grad_out`` (and masks) for ``shape = (B, Hq, Hkv, Sq, Sk, D, Dv)``."""
+                attn_mask_density: float | None = None, packed: bool = False) -> dict:
+    """Seeded ``q, k, v, grad_out`` (and masks) for ``shape = (B, Hq, Hkv, Sq, Sk, D, Dv)``; ``packed``: the
+    packed layout ``[T, H, D]`` with ``Sq``, ``Sk`` the token counts Tq, Tk (cu_seqlens say how they split)."""
     batch, heads_q, heads_kv, len_q, len_k, head_dim, head_dim_v = shape
     gen = torch.Generator().manual_seed(seed)
     sizes = {"q": (batch, heads_q, len_q, head_dim), "k": (batch, heads_kv, len_k, head_dim),
              "v": (batch, heads_kv, len_k, head_dim_v), "grad_out": (batch, heads_q, len_q, head_dim_v)}
+    if packed:
+        sizes = {name: (size[2], size[1], size[3]) for name, size in sizes.items()}
     x = {name: (torch.randn(size, generator=gen, dtype=torch.float64) * input_scale).to(dtype)
          for name, size in sizes.items()}
     full = (batch, heads_q, len_q, len_k)
@@ -262,7 +265,7 @@ def _rebuild_spec(path, meta, inputs, arrays) -> AttentionSpec:
         if rebuilt.get(key) != stored.get(key):
             raise GoldenError(path, f"spec field {key!r} in 'meta' is {stored.get(key)!r}, "
                                     f"but the stored inputs give {rebuilt.get(key)!r}")
-    expected = (spec.batch, spec.heads_q, spec.len_q, spec.head_dim_v)
+    expected = _shapes(spec)["out"]
     if tuple(inputs["grad_out"].shape) != expected:
         raise GoldenError(path, f"grad_out has shape {list(inputs['grad_out'].shape)}, expected {list(expected)}")
     return spec
@@ -272,12 +275,17 @@ def _mask(arrays, name):
     return torch.from_numpy(arrays[name]) if name in arrays else None
 
 
+def _shapes(spec: AttentionSpec) -> dict:
+    """The reference arrays' shapes: ``[B, H, S, ...]``, or ``[T, H, ...]`` for a packed batch."""
+    rows_q, rows_k = (spec.batch, spec.heads_q, spec.len_q), (spec.batch, spec.heads_kv, spec.len_k)
+    if spec.packed:
+        rows_q, rows_k = (spec.len_q, spec.heads_q), (spec.len_k, spec.heads_kv)
+    return {"out": (*rows_q, spec.head_dim_v), "lse": rows_q, "dq": (*rows_q, spec.head_dim),
+            "dk": (*rows_k, spec.head_dim), "dv": (*rows_k, spec.head_dim_v)}
+
+
 def _check_reference(path, spec: AttentionSpec, reference: dict) -> None:
-    shapes = {"out": (spec.batch, spec.heads_q, spec.len_q, spec.head_dim_v),
-              "lse": (spec.batch, spec.heads_q, spec.len_q),
-              "dq": (spec.batch, spec.heads_q, spec.len_q, spec.head_dim),
-              "dk": (spec.batch, spec.heads_kv, spec.len_k, spec.head_dim),
-              "dv": (spec.batch, spec.heads_kv, spec.len_k, spec.head_dim_v)}
+    shapes = _shapes(spec)
     for name, feature in (("dsinks", "sinks"), ("dbias", "bias")):
         if getattr(spec, feature) is not None:
             shapes[name] = tuple(getattr(spec, feature).shape)
@@ -298,6 +306,8 @@ def _check_reference(path, spec: AttentionSpec, reference: dict) -> None:
 
 
 def _verify_sample(path, spec: AttentionSpec, inputs: dict, reference: dict) -> None:
+    if spec.packed:
+        return _verify_packed(path, spec, inputs, reference)
     heads = spec.kv_heads()
     for b, h in sorted({(0, 0), (spec.batch - 1, spec.heads_q - 1)}):
         if b < 0 or h < 0:
@@ -321,3 +331,17 @@ def _verify_sample(path, spec: AttentionSpec, inputs: dict, reference: dict) -> 
                                         f"batch {b}, head {h}, index {i[2:]}: stored {float(stored[i]):.17g} "
                                         f"+- {float(radius[i]):.3g}, recomputed {float(value[i]):.17g} "
                                         f"+- {float(fresh_radius[i]):.3g}")
+
+
+def _verify_packed(path, spec: AttentionSpec, inputs: dict, reference: dict) -> None:
+    """A packed file: the whole batch recomputed (sequences are independent problems; a sample of one
+    would need its own slicing of every input), and every stored ball must overlap the fresh one."""
+    fresh = certified_attention(inputs["q"], inputs["k"], inputs["v"], inputs["grad_out"], **protocol_kwargs(spec))
+    for name in ("out", "lse", "dq"):
+        stored, radius = reference[name]
+        value, fresh_radius = getattr(fresh, name), getattr(fresh, f"{name}_radius")
+        apart = (stored - value).abs().nan_to_num(nan=0.0) > (radius + fresh_radius) * (1 + 2**-40)
+        if bool(apart.any()):
+            i = tuple(int(n) for n in apart.nonzero()[0])
+            raise GoldenError(path, f"the stored {name} does not match the stored spec and inputs at packed "
+                                    f"index {i}: stored {float(stored[i]):.17g}, recomputed {float(value[i]):.17g}")

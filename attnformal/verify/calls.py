@@ -162,7 +162,8 @@ def _restore_inputs(leaves, before):
 def _check_contract(case, observed: Observed):
     spec = case.spec
     dtype, device = case.dtype, case.q.device
-    want = {"out": (spec.batch, spec.heads_q, spec.len_q, spec.head_dim_v), "lse": (spec.batch, spec.heads_q, spec.len_q),
+    rows = (spec.len_q, spec.heads_q) if spec.packed else (spec.batch, spec.heads_q, spec.len_q)  # packed: [Tq, Hq]
+    want = {"out": (*rows, spec.head_dim_v), "lse": rows,
             "dq": tuple(case.q.shape), "dk": tuple(case.k.shape), "dv": tuple(case.v.shape)}
     dtypes = {name: dtype for name in want}
     for n in DIFFERENTIABLE:

@@ -59,6 +59,8 @@ class Expected:
 def expected_for(case, *, backward: bool, use_certified: bool = True) -> Expected:
     """The reference for ``case`` (gradients only with ``backward``)."""
     spec = case.spec
+    if spec.packed:
+        return _packed_expected(case, spec, backward=backward, use_certified=use_certified)
     q, k, v = (t.detach().cpu().double() for t in (case.q, case.k, case.v))
     spec = _on_cpu(spec)
     grad_out = case.grad_out.detach().cpu().double() if backward else None
@@ -82,6 +84,28 @@ def expected_for(case, *, backward: bool, use_certified: bool = True) -> Expecte
 def _parameters(case) -> dict:
     """``{"dsinks": sinks, "dbias": bias}`` for the differentiable keyword tensors the case has."""
     return {name: case.kwargs[kw] for name, kw in PARAMETER_GRADIENTS.items() if case.kwargs.get(kw) is not None}
+
+
+def _packed_expected(case, spec, *, backward, use_certified) -> Expected:
+    """A packed case's reference: each sequence's own (its unpacked case, through the spec's index map),
+    put back on its packed rows (:func:`attnformal.features.varlen.pack`). No probabilities."""
+    from attnformal.features import varlen
+
+    parts = []
+    for b, (q_rows, k_rows) in enumerate(varlen.sequence_rows(spec, case.q.device)):
+        one = spec.sequence(b)
+        kwargs = {name: getattr(one, name) for name in case.kwargs if name not in ("cu_seqlens_q", "cu_seqlens_k")}
+        grad_out = None if case.grad_out is None else varlen.unpack(case.grad_out, q_rows)
+        sub = case.with_(q=varlen.unpack(case.q, q_rows), k=varlen.unpack(case.k, k_rows),
+                         v=varlen.unpack(case.v, k_rows), grad_out=grad_out, kwargs=kwargs)
+        parts.append(expected_for(sub, backward=backward, use_certified=use_certified))
+    first = parts[0]
+
+    def packed(field: str) -> dict:
+        return varlen.pack(spec, [{n: torch.broadcast_to(torch.as_tensor(getattr(e, field)[n], dtype=torch.float64),
+                                                         e.values[n].shape) for n in first.values} for e in parts])
+
+    return Expected(packed("values"), packed("magnitude"), packed("radius"), first.dtypes, first.source)
 
 
 def _lse_dtype(dtype):

@@ -326,11 +326,12 @@ def _explain(settings: Settings, worst: CaseRecord, result: CheckResult):
     """Localise the worst failing case, look for an explanation, and save its reproducer."""
     result.details.insert(0, f"worst case: {worst.case.describe()} (seed {worst.case.seed})")
     failing = {c.name: c.max_abs for c in worst.comparisons if not c.passed and c.numel and c.name in LAID_OUT}
+    padded = not worst.case.spec.packed  # localisation and mutants read [B, H, S, ...]; mask.packed names its own
     for c in worst.comparisons:
         if c.passed:
             continue
         result.details.append(c.message())
-        if c.name not in LAID_OUT:
+        if c.name not in LAID_OUT or not padded:
             continue
         if c.ratio is not None and c.numel and worst.expected is not None:
             text, found = diagnosis.localise(c.name, c.ratio > 1, worst.case, worst.expected)
@@ -341,7 +342,7 @@ def _explain(settings: Settings, worst: CaseRecord, result: CheckResult):
                                               worst.case)
             if factor is not None:
                 result.findings.append(factor)
-    if failing and worst.observed is not None and _small_enough(worst.case):
+    if padded and failing and worst.observed is not None and _small_enough(worst.case):
         result.findings += diagnosis.mutant_findings(worst.case, worst.observed, failing, backward=worst.backward)
     result.findings = list(dict.fromkeys(result.findings))
     _save_reproducer(settings, worst, result)

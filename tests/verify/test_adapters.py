@@ -4,6 +4,7 @@ import importlib.util
 import math
 import sys
 import types
+from itertools import pairwise
 
 import pytest
 import torch
@@ -63,7 +64,18 @@ def fake_npu_fusion_attention(mask_means_attend=False, pse_inside_scale=False):
     [B, N, S, 8]. ``pse_inside_scale``: the negative control, every pse read as pse_type 1."""
     def npu_fusion_attention(query, key, value, head_num, input_layout, *, atten_mask=None, scale=1.0,
                              keep_prob=1.0, pre_tockens=INT_MAX, next_tockens=INT_MAX, sparse_mode=0, pse=None,
-                             pse_type=1):
+                             pse_type=1, actual_seq_qlen=None, actual_seq_kvlen=None):
+        if input_layout == "TND":  # cumulative lengths without the leading 0; the mode applies per sequence
+            outs, maxes, sums = [], [], []
+            for (q0, q1), (k0, k1) in zip(pairwise([0, *actual_seq_qlen]), pairwise([0, *actual_seq_kvlen])):
+                one = [t[a:b].transpose(0, 1)[None] for t, a, b in ((query, q0, q1), (key, k0, k1), (value, k0, k1))]
+                out, m, l, *_ = npu_fusion_attention(*one, head_num, "BNSD", atten_mask=atten_mask, scale=scale,
+                                                     pre_tockens=pre_tockens, next_tockens=next_tockens,
+                                                     sparse_mode=sparse_mode)
+                outs.append(out[0].transpose(0, 1))
+                maxes.append(m[0].transpose(0, 1))
+                sums.append(l[0].transpose(0, 1))
+            return torch.cat(outs), torch.cat(maxes), torch.cat(sums), None, 0, 0, 0
         assert input_layout == "BNSD" and head_num == query.shape[1] and keep_prob == 1.0
         len_q, len_k = query.shape[2], key.shape[2]
         per_position = None
@@ -118,6 +130,21 @@ def test_npu_adapter_maps_alibi_and_bias_to_pse_and_refuses_sinks(monkeypatch):
     assert report.passed, render(report)
     assert {r.check: r.status for r in report.results}["fwd.sinks"] == "unsupported"
     assert not npu_battery(monkeypatch, only=only, pse_inside_scale=True).passed
+
+
+def test_npu_tnd_call_is_judged_by_the_packed_check(monkeypatch):
+    """A packed batch goes to the NPU as TND; the same call with sparse mode 2 (top-left) for 3 is caught."""
+    from attnformal import npu
+
+    monkeypatch.setitem(sys.modules, "torch_npu", types.SimpleNamespace(
+        npu_fusion_attention=fake_npu_fusion_attention()))
+    settings = Settings(impl=adapters.npu_fusion_attention, impl_name="fake npu", dtypes=(torch.float32,),
+                        only=("mask.packed",))
+    assert [r.status for r in run_battery(settings).results] == ["pass"]
+    mapped = npu.npu_varlen_args
+    monkeypatch.setattr(npu, "npu_varlen_args", lambda spec: {**mapped(spec), "sparse_mode": 2}
+                        if mapped(spec)["sparse_mode"] == 3 else mapped(spec))
+    assert [r.status for r in run_battery(settings).results] == ["FAIL"]
 
 
 TRITON_ON_CPU = """

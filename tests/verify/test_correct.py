@@ -10,10 +10,10 @@ from attnformal.verify.report import render
 SCORE_STATE = {"hand.sinks", "fwd.sinks", "metamorphic.sinks_alibi_bias"}
 # (alias, checks that must be unsupported: the features the kernel lacks, no more)
 CORRECT = [
-    ("sdpa-math", {"fwd.softcap", "lse.values", "dropout.replay"} | SCORE_STATE),
+    ("sdpa-math", {"fwd.softcap", "lse.values", "dropout.replay", "mask.packed"} | SCORE_STATE),
     # Its float32 finite-difference case runs once adapted to Dv = D (it refuses float64 and Dv != D).
     ("sdpa-flash", {"fwd.softcap", "lse.values", "dropout.replay", "dropout.statistics",
-                    "dropout.own_mask_backward"} | SCORE_STATE),
+                    "dropout.own_mask_backward", "mask.packed"} | SCORE_STATE),
     ("torch-tiled", {"dropout.statistics", "dropout.own_mask_backward"}),
     ("torch-tiled-split", {"dropout.statistics", "dropout.own_mask_backward"}),  # 32 x 32 tiles, 3 KV splits
     ("torch-tiled-small", {"dropout.statistics", "dropout.own_mask_backward"}),  # 16 x 16 tiles

@@ -7,6 +7,7 @@ Groups (one module each):
   extreme inputs, lse, and the error's growth with sequence length;
 * :mod:`.structure` -- properties that hold exactly whatever the tolerance: the
   probabilities themselves (V = identity), metamorphic relations, repeatability;
+* :mod:`.packed` -- packed variable-length batches (cu_seqlens), each sequence as if alone;
 * :mod:`.gradients` -- dQ, dK, dV against the reference, finite differences, invariants;
 * :mod:`.dropout` -- p = 0, replay of a given keep-mask, statistics of the kernel's own;
 * :mod:`.score_state` -- attention sinks, ALiBi and the additive bias: closed forms, the
@@ -46,4 +47,4 @@ def check(name: str, *, fixed_dtype=None, full_only=False):
 
 
 # Registration, in report order: hand-computable first, then the reference, structure, gradients, dropout.
-from attnformal.verify.checks import hand, accuracy, structure, gradients, dropout, score_state  # noqa: E402,F401,I001
+from attnformal.verify.checks import hand, accuracy, structure, packed, gradients, dropout, score_state  # noqa: E402,F401,I001

@@ -1,0 +1,99 @@
+"""Packed variable-length batches (``cu_seqlens_q``, ``cu_seqlens_k``; :mod:`attnformal.features.varlen`).
+
+A packed case holds sequences of 0, 1, block - 1, block and block + 1 tokens (queries and keys of
+different lengths), under each mask family that applies per sequence. It is judged against the
+reference element by element (each sequence's own reference, on its packed rows), and by a
+metamorphic relation: packing the same sequences in reverse order must give every sequence the same
+result. A sequence whose output changes with its neighbours reads a key of another sequence.
+
+An implementation that refuses ``cu_seqlens_q`` (``NotImplementedError``, or no such keyword) makes
+the check unsupported: the call is its own capability probe (a padded probe cannot carry the layout).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from attnformal.testing import compare_attention, tolerance_for
+from attnformal.verify.cases import generator, make_case, randn
+from attnformal.verify.checks import check
+from attnformal.verify.diagnosis import DEFINITIVE
+
+HEADS_Q, HEADS_KV, HEAD_DIM = 2, 1, 32
+FAMILIES = {  # name -> (keywords, lengths block-relative: the key lengths differ from the query lengths)
+    "no mask": {},
+    "causal bottom-right": {"causal": "bottom_right"},
+    "window (5, 2)": {"window": (5, 2)},
+    "causal + kv_lens": {"causal": "bottom_right", "kv_lens": "half"},
+}
+
+
+def lengths(block: int) -> tuple[list[int], list[int]]:
+    """Queries and keys per sequence: 0, 1, block - 1, block, block + 1 (Sq != Sk in most sequences)."""
+    return [0, 1, block - 1, block, block + 1, 7], [3, 0, block, block + 1, block - 1, 7]
+
+
+def packed_case(run, name, len_q, len_k, keywords):
+    """A seeded packed case: q ``[Tq, Hq, D]``, k and v ``[Tk, Hkv, D]`` (values offset per sequence)."""
+    gen = generator(run.seed(name))
+    tq, tk = sum(len_q), sum(len_k)
+    q, k = randn(gen, tq, HEADS_Q, HEAD_DIM), randn(gen, tk, HEADS_KV, HEAD_DIM)
+    v = randn(gen, tk, HEADS_KV, HEAD_DIM) + torch.repeat_interleave(torch.linspace(-1, 1, len(len_k)),
+                                                                      torch.tensor(len_k))[:, None, None]
+    keywords = dict(keywords)
+    if keywords.get("kv_lens") == "half":
+        keywords["kv_lens"] = [(n + 1) // 2 for n in len_k]
+    cu = {"cu_seqlens_q": [0, *itertools.accumulate(len_q)], "cu_seqlens_k": [0, *itertools.accumulate(len_k)]}
+    return make_case(name, q, k, v, run.dtype, run.device, run.seed(name), grad_out=randn(gen, tq, HEADS_Q, HEAD_DIM),
+                     **cu, **keywords)
+
+
+def reversed_packing(case, len_q, len_k):
+    """The same sequences packed in reverse order, and the map of its output rows back to the case's."""
+    def blocks(t, sizes):
+        return list(torch.split(t, sizes))
+
+    kw = dict(case.kwargs)
+    kw["cu_seqlens_q"] = [0, *itertools.accumulate(len_q[::-1])]
+    kw["cu_seqlens_k"] = [0, *itertools.accumulate(len_k[::-1])]
+    if "kv_lens" in kw:
+        kw["kv_lens"] = list(kw["kv_lens"])[::-1]
+    moved = case.with_(name=f"{case.name}, sequences in reverse order", kwargs=kw,
+                       q=torch.cat(blocks(case.q, len_q)[::-1]), k=torch.cat(blocks(case.k, len_k)[::-1]),
+                       v=torch.cat(blocks(case.v, len_k)[::-1]))
+
+    def back(out):
+        return torch.cat(blocks(out, len_q[::-1])[::-1])
+
+    return moved, back
+
+
+@check("mask.packed")
+def packed_sequences(run):
+    """Packed sequences (cu_seqlens; lengths 0, 1, block +- 1): each as if alone, whatever its neighbours."""
+    block = run.pick(32, 128)
+    len_q, len_k = lengths(block)
+    for name, keywords in FAMILIES.items():
+        case = packed_case(run, f"packed, {name}", len_q, len_k, keywords)
+        record = run.against_reference(case, lse=_has(run, "lse"), backward=_has(run, "backward"))
+        if record is None:
+            continue
+        moved, back = reversed_packing(case, len_q, len_k)
+        observed = run.observe(moved)
+        if observed is None:
+            continue
+        rtol, atol = tolerance_for(run.dtype)
+        comparison = compare_attention(back(observed.out), record.observed.out, dtype=run.dtype, rtol=2 * rtol,
+                                       atol=2 * atol, magnitude=record.expected.magnitude["out"], name="out")
+        run.record(moved, comparisons=[comparison], observed=observed, expected=record.expected)
+        if not comparison.passed:
+            run.find("packed_boundary_leak", DEFINITIVE,
+                     f"{case.name}: a sequence's output changes when the sequences packed next to it change "
+                     "(it reads a key of another sequence)")
+
+
+def _has(run, feature: str) -> bool:
+    """Whether the implementation was not seen refusing ``feature`` (lse, backward) when probed."""
+    return run.caps is None or not run.caps.refuses(feature)

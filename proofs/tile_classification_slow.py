@@ -19,7 +19,7 @@ from attnformal.proofs.integers import floor_division_lemma, symbolic_schedule
 COST = 25  # rough seconds; the prover starts the longest obligations first
 TIMEOUT_SCALE = 2  # see the docstring
 PROVES_SCHEDULES = True
-TITLE = "Tile classification, chunked families (but (g) unmasked)"
+TITLE = "Tile classification, chunked families"
 PROPERTIES = tuple(p for p in tile_classification.PROPERTIES if not p[0].startswith("(g)"))
 CONTIGUITY = tuple(p for p in tile_classification.PROPERTIES if p[0].startswith("(g)"))
 

@@ -22,7 +22,7 @@ from attnformal.schedule import SKIP
 COST = 40  # rough seconds; the prover starts the longest obligations first
 TIMEOUT_SCALE = 3  # see the docstring
 PROVES_SCHEDULES = True
-TITLE = "Tile classification (g), chunked families without attn_mask"
+TITLE = "Chunked tiles: contiguous query blocks"
 PROPERTIES = tuple(p for p in tile_classification.PROPERTIES if p[0].startswith("(g)"))
 
 

@@ -214,7 +214,58 @@ def test_each_path_is_a_section_and_the_first_screen_links_them():
 def test_every_linked_docs_page_exists_except_the_announced_one():
     linked = set(re.findall(r"\]\((docs/[^)#]+)", README.read_text()))
     missing = {page for page in linked if not (ROOT / page).is_file()}
-    assert linked and missing <= {"docs/features.md"}  # written by issue 12's helpers, merged by the lead
+    assert linked and not missing
+
+
+# ---------------------------------------------------------------- the protocol section is the registry's
+
+SUPPORT_TABLE = "<!-- support table: generated from the SUPPORTS declarations, checked by tests/test_readme.py -->"
+
+
+def declared_support() -> dict[str, frozenset]:
+    """What each implementation of the README's table computes, from its own declaration."""
+    import importlib
+
+    from attnformal import adapters
+    from attnformal.features import FEATURES
+    from attnformal.oracle import ORACLE_ROLES
+
+    table = {"oracle": frozenset(f.name for f in FEATURES if f.role in ORACLE_ROLES)}
+    for name in ("torch_tiled", "triton_flash", "ring"):
+        table[name.replace("_", "-")] = importlib.import_module(f"attnformal.kernels.{name}").attention.SUPPORTS
+    for alias in ("sdpa", "flex", "flash-attn", "flash-attn-varlen", "xformers", "npu"):
+        table[alias] = adapters.ALIASES[alias].SUPPORTS
+    return table
+
+
+def readme_support(text: str) -> dict[str, frozenset]:
+    lines = text.split(SUPPORT_TABLE + "\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    columns = [cell.strip() for cell in lines[0].strip("|").split("|")][1:]
+    table = {column: set() for column in columns}
+    for row in lines[2:]:
+        feature, *cells = [cell.strip() for cell in row.strip("|").split("|")]
+        for column, cell in zip(columns, cells, strict=True):
+            if cell == "✓":
+                table[column].add(feature.strip("`"))
+    return {column: frozenset(features) for column, features in table.items()}
+
+
+def test_the_support_table_is_what_the_implementations_declare():
+    assert readme_support(README.read_text()) == declared_support()
+
+
+def test_a_support_table_that_claims_too_much_is_caught():
+    text = README.read_text().replace("| `sinks` | ✓ | ✓ | ✓ | · |", "| `sinks` | ✓ | ✓ | ✓ | ✓ |")
+    assert text != README.read_text()
+    assert readme_support(text) != declared_support()
+
+
+def test_the_protocol_signature_names_every_registered_feature():
+    from attnformal.features import FEATURES
+
+    signature = README.read_text().split("```text\nimpl(", 1)[1].split("```", 1)[0]
+    keywords = re.findall(r"(\w+)=", signature)
+    assert keywords == ["scale", *(f.name for f in FEATURES), "return_lse"]
 
 
 # ---------------------------------------------------------------- the runner can fail

@@ -36,7 +36,7 @@ class ChunkSize(Feature):
         from attnformal import cli
 
         parser.add_argument("--chunk-size", type=cli.integer(minimum=1), metavar="C",
-                            help="chunked local attention: C keys per chunk, aligned bottom-right")
+                            help="chunked attention: C keys a chunk, bottom-right")
 
     def from_arguments(self, args):
         return args.chunk_size

@@ -53,7 +53,7 @@ class PrefixLens(Feature):
 
         parser.add_argument("--prefix-lens", action=cli.IntList,
                             form="comma-separated ints, one prefix length per batch", metavar="P,...",
-                            help="prefix-LM: keys below prefix_lens[b] visible to every query (needs --causal)")
+                            help="prefix-LM: keys j < P[b] seen by all (needs --causal)")
 
     def from_arguments(self, args):
         return args.prefix_lens

@@ -57,22 +57,21 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     gen = commands.add_parser("generate", help="write a golden file (inputs, certified outputs and gradients)",
-                              description="Write a golden file: seeded inputs, and the certified reference "
-                                          "(out, lse, dQ, dK, dV, each element with a rigorous error radius).",
+                              description="Write a golden file: seeded inputs, certified outputs and gradients.",
                               usage=f"{PROG} generate --shape B,Hq,Hkv,Sq,Sk,D[,Dv] --dtype DTYPE --seed N "
                                     "--out FILE [options]", example=GENERATE_EXAMPLE, guide=GUIDE)
     gen.add_argument("--shape", required=True, action=cli.IntList, count=(6, 7), minimum=1,
                      form="B,Hq,Hkv,Sq,Sk,D[,Dv] (6 or 7 sizes >= 1)", metavar="B,Hq,Hkv,Sq,Sk,D[,Dv]",
                      help="sizes, each >= 1 (Dv defaults to D)")
     gen.add_argument("--dtype", required=True, choices=cli.DTYPES, metavar="DTYPE",
-                     help="input dtype: bf16, fp16, fp32, fp64 (or the long names)")
+                     help="bf16, fp16, fp32, fp64 (or the long names)")
     gen.add_argument("--seed", required=True, type=cli.integer(minimum=0, below=2**64, what="an int in [0, 2^64)"),
                      help="seed of every random draw (an int >= 0)")
     gen.add_argument("--out", required=True, metavar="FILE", help="the .npz file to write (atomically)")
     for feature in FEATURES:  # each protocol feature's own flag (--causal, --window, --chunk-size, ...)
         feature.add_argument(gen)
     gen.add_argument("--attn-mask-density", type=cli.number(minimum=0, maximum=1, what="a fraction in [0, 1]"), metavar="F",
-                     help="add a seeded random bool mask, this fraction True")
+                     help="a seeded random bool mask, this fraction True")
     gen.add_argument("--scale", type=cli.number(), metavar="S", help="softmax scale (default 1/sqrt(D))")
     gen.add_argument("--input-scale", type=cli.number(minimum=0), default=1.0, metavar="X",
                      help="inputs ~ N(0,1) times X (default 1)")
@@ -80,9 +79,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="raise the precision until every radius is <= R")
     gen.add_argument("--prec", type=int, metavar="BITS",
                      help="Arb at BITS bits (default float64; fp64: 128)")
-    gen.add_argument("--workers", type=int, help="run the float64 tier's tiles on a local Dask cluster of N worker "
-                                                 "processes (pip install 'attnformal[distributed]'); same result")
-    gen.add_argument("--cluster", metavar="ADDRESS", help="run them on the Dask scheduler at ADDRESS (tcp://host:port)")
+    gen.add_argument("--workers", type=int, metavar="N",
+                     help="float64 tiles on N local Dask workers (extra [distributed])")
+    gen.add_argument("--cluster", metavar="ADDRESS", help="or on the Dask scheduler at tcp://host:port")
     gen.set_defaults(run=_generate)
 
     chk = commands.add_parser("check", help="run an implementation against a golden file",

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import SearchStrategy
 
-from attnformal.features import FEATURES, feature, with_role
+from attnformal.features import FEATURES, feature, varlen, with_role
 from attnformal.masks import CAUSAL_MODES
 from attnformal.spec import SUPPORTED_DTYPES, AttentionSpec
 from attnformal.verify.cases import Shape, generator, randn, value_offsets
@@ -131,7 +131,8 @@ def masks(shape: Shape, *, causal=st.sampled_from(CAUSAL_MODES), window=st.none(
                           "None or (left, right)", "windows()")
     kv_lens = _as_strategy(fn, "kv_lens", kv_lens, lambda x: isinstance(x, bool), "a bool", "True")
     attn_mask = _as_strategy(fn, "attn_mask", attn_mask, lambda x: isinstance(x, bool), "a bool", "False")
-    others = _other_masks(fn, shape, features)
+    _check_features(fn, features, _feature_names(*MASK_ROLES), "mask feature")
+    others = _asked(shape, features)
 
     @st.composite
     def draw_masks(draw):
@@ -143,46 +144,68 @@ def masks(shape: Shape, *, causal=st.sampled_from(CAUSAL_MODES), window=st.none(
             seed = draw(st.integers(0, 2**31 - 1))
             kwargs["attn_mask"] = torch.rand(shape.batch, shape.heads_q, shape.len_q, shape.len_k,
                                              generator=generator(seed)) < 0.7
-        for f in FEATURES:
-            if f.name in others and f.active(kwargs[f.name]) and f.conflict(kwargs):
-                kwargs[f.name] = None
+        _drop_conflicts(kwargs, others)
         return {key: value for key, value in kwargs.items() if value is not None}
 
     return draw_masks()
 
 
 EXPLICIT_MASKS = ("causal", "window", "kv_lens", "attn_mask")  # the keywords of masks() itself
+MASK_ROLES = ("interval", "length", "data")  # features masks() draws (asked for by keyword)
+SCORE_ROLES = ("bias", "state")  # features problems() draws itself: tensors for the shape (sinks, ALiBi, bias)
 
 
-def _check_other_masks(fn: str, given: dict) -> list[str]:
-    """The names of the other mask features; an unknown keyword in ``given`` is an InvalidArgument."""
-    names = [f.name for f in with_role("interval", "length", "data") if f.name not in EXPLICIT_MASKS]
+def _feature_names(*roles: str) -> list[str]:
+    return [f.name for f in with_role(*roles) if f.name not in EXPLICIT_MASKS]
+
+
+def _check_features(fn: str, given: dict, names: list[str], what: str) -> None:
+    """An InvalidArgument for a keyword of ``given`` outside ``names``, or a fixed value of a tensor feature
+    (a tensor fits one shape: such a feature takes ``True``, its declaration's strategy, or a strategy)."""
     unknown = sorted(set(given) - set(names))
     if unknown:
-        raise InvalidArgument(f"{fn}({unknown[0]}=...): no mask feature of that name; the others are "
+        raise InvalidArgument(f"{fn}({unknown[0]}=...): no {what} of that name; the others are "
                               f"{', '.join(names) or 'none'}")
-    return names
+    for name, value in given.items():
+        if feature(name).tensor and not (value is None or isinstance(value, (bool, SearchStrategy))):
+            raise InvalidArgument(f"{fn}({name}=...): expected True (drawn by its declaration's strategy), "
+                                  f"False or a strategy of values; for example {name}=True")
 
 
-def _other_masks(fn: str, shape: Shape, given: dict) -> dict[str, SearchStrategy]:
-    """A strategy per asked-for mask feature beyond :data:`EXPLICIT_MASKS` (``True``: its own)."""
-    _check_other_masks(fn, given)
+def _asked(shape: Shape, given: dict) -> dict[str, SearchStrategy]:
+    """A strategy per asked-for feature (``True``: its declaration's own; ``None``, ``False``: not drawn)."""
     out = {}
     for name, value in given.items():
         value = feature(name).strategy(shape) if value is True else value
-        if value is not None:
+        if value is not None and value is not False:
             out[name] = value if isinstance(value, SearchStrategy) else st.just(value)
     return out
+
+
+def _drop_conflicts(kwargs: dict, asked: dict) -> None:
+    """Set to None each asked-for feature the other values refuse (:meth:`~attnformal.features.Feature.conflict`)."""
+    for f in FEATURES:
+        if f.name in asked and f.active(kwargs.get(f.name)) and f.conflict(kwargs):
+            kwargs[f.name] = None
 
 
 def problems(*, dtype=torch.float32, shapes=shapes(), causal=st.sampled_from(CAUSAL_MODES),
              window=st.none() | windows(), kv_lens=st.booleans(), attn_mask=st.booleans(),
              scale=st.none() | st.floats(0.01, 2.0), softcap=st.none() | st.floats(1.0, 50.0),
-             dropout_p=st.just(0.0), values=st.sampled_from(VALUE_KINDS), device="cpu",
+             dropout_p=st.just(0.0), values=st.sampled_from(VALUE_KINDS), packed=False, device="cpu",
              **features) -> SearchStrategy[AttentionProblem]:
-    """Whole problems: a shape, masks, scale, softcap, dropout replay, and seeded tensors.
+    """Whole problems: a shape, masks, scale, softcap, dropout replay, score features, and seeded tensors.
 
-    Other mask features (``chunk_size=``, ``prefix_lens=``) go to :func:`masks`.
+    Other mask features (``chunk_size=``, ``prefix_lens=``) go to :func:`masks`. The score features
+    (``sinks=``, ``alibi_slopes=``, ``bias=``) are drawn only when asked for: ``True`` for their
+    declaration's strategy (:meth:`~attnformal.features.Feature.strategy`: seeded tensors for the drawn
+    shape, sometimes None), or a strategy of values; they are rounded to the problem's dtype.
+
+    ``packed`` (a bool or a strategy of them): a packed variable-length batch -- ``cu_seqlens_q/k`` for
+    ``B`` sequences of 0 .. ``Sq`` queries and 0 .. ``Sk`` keys each, and q, k, v, dO in the packed
+    ``[T, H, D]`` layout; per-batch key counts (``kv_lens``, ``prefix_lens``) are cut to each sequence's
+    keys. A drawn feature that refuses another (:meth:`~attnformal.features.Feature.conflict`: a packed
+    batch with ``attn_mask``, dropout or sinks) drops the one asked for later: the problem stays padded.
 
     ``dropout_p > 0`` comes with a drawn keep-mask to replay. ``values`` picks the input
     scale: ``"normal"`` (N(0, 1)), ``"large"`` (x30: logits in the thousands), ``"tiny"``
@@ -198,12 +221,17 @@ def problems(*, dtype=torch.float32, shapes=shapes(), causal=st.sampled_from(CAU
     dropout_p = _as_strategy(fn, "dropout_p", dropout_p, lambda x: isinstance(x, float) and 0 <= x < 1,
                              "a float in [0, 1)", "st.sampled_from([0.0, 0.3])")
     values = _as_strategy(fn, "values", values, lambda x: x in VALUE_KINDS, f"one of {VALUE_KINDS}", "'normal'")
-    _check_other_masks(fn, features)
+    packed = _as_strategy(fn, "packed", packed, lambda x: isinstance(x, bool), "a bool", "st.booleans()")
+    mask_names, score_names = _feature_names(*MASK_ROLES), _feature_names(*SCORE_ROLES)
+    _check_features(fn, features, mask_names + score_names, "feature")
+    mask_features = {name: value for name, value in features.items() if name in mask_names}
+    score_features = {name: value for name, value in features.items() if name in score_names}
 
     @st.composite
     def draw_problem(draw):
         sh = draw(shapes)
-        kwargs = draw(masks(sh, causal=causal, window=window, kv_lens=kv_lens, attn_mask=attn_mask, **features))
+        kwargs = draw(masks(sh, causal=causal, window=window, kv_lens=kv_lens, attn_mask=attn_mask,
+                            **mask_features))
         kwargs.update({k: v for k, v in (("scale", draw(scale)), ("softcap", draw(softcap))) if v is not None})
         seed = draw(st.integers(0, 2**31 - 1))
         p = draw(dropout_p)
@@ -211,18 +239,66 @@ def problems(*, dtype=torch.float32, shapes=shapes(), causal=st.sampled_from(CAU
             kwargs["dropout_p"] = p
             kwargs["dropout_mask"] = torch.rand(sh.batch, sh.heads_q, sh.len_q, sh.len_k,
                                                 generator=generator(seed + 1)) >= p
+        scores = _asked(sh, score_features)
+        kwargs.update({name: draw(strategy) for name, strategy in scores.items()})
+        _drop_conflicts(kwargs, scores)
+        if draw(packed):
+            _pack(draw, sh, kwargs)
+        kwargs = {key: value for key, value in kwargs.items() if value is not None}
         return _tensors(sh, kwargs, seed, draw(dtypes), draw(values), device)
 
     return draw_problem()
 
 
+PACKING = (varlen.CU_SEQLENS_Q, varlen.CU_SEQLENS_K)
+
+
+def _pack(draw, sh: Shape, kwargs: dict) -> None:
+    """Add drawn ``cu_seqlens_q/k`` to ``kwargs`` unless the other values refuse a packed batch; the per-batch
+    features (``kv_lens``, ``prefix_lens``: key counts in [0, Sk]) are cut to each sequence's key count."""
+    cu = {f.name: draw(f.strategy(sh)) for f in PACKING}
+    if any(f.conflict({**kwargs, **cu}) for f in PACKING):
+        return
+    kwargs.update(cu)
+    keys = _sequence_lengths(cu["cu_seqlens_k"])
+    for f in FEATURES:
+        if f.per_batch and kwargs.get(f.name) is not None:
+            kwargs[f.name] = [min(n, length) for n, length in zip(kwargs[f.name], keys)]
+
+
+def _sequence_lengths(cu) -> list[int]:
+    return [int(cu[b + 1]) - int(cu[b]) for b in range(len(cu) - 1)]
+
+
 def _tensors(sh: Shape, kwargs, seed, dtype, kind, device) -> AttentionProblem:
+    """The problem with seeded float64 inputs rounded to ``dtype``, and the keyword tensors on ``device`` (the
+    floating ones -- sinks, slopes, bias -- in ``dtype`` too, as the battery's cases: the reference reads them)."""
     gen = generator(seed)
+    inputs = _packed_inputs if varlen.packed(kwargs) else _padded_inputs
+    q, k, v, grad_out = (t.to(device=device, dtype=dtype) for t in inputs(gen, sh, kwargs, _VALUE_SCALE[kind]))
+    kwargs = {key: _keyword_tensor(val, dtype, device) for key, val in kwargs.items()}
+    return AttentionProblem(q, k, v, grad_out, kwargs, seed)
+
+
+def _keyword_tensor(value, dtype, device):
+    if not isinstance(value, torch.Tensor):
+        return value
+    return value.to(device=device, dtype=dtype) if value.is_floating_point() else value.to(device)
+
+
+def _padded_inputs(gen, sh: Shape, kwargs, size):
+    """q ``[B, Hq, Sq, D]``, k ``[B, Hkv, Sk, D]``, v (offset per batch and KV head), dO ``[B, Hq, Sq, Dv]``."""
     b, hq, hkv, sq, sk, d, dv = sh
-    size = _VALUE_SCALE[kind]
     q, k = size * randn(gen, b, hq, sq, d), size * randn(gen, b, hkv, sk, d)
     v = randn(gen, b, hkv, sk, dv) + value_offsets(b, hkv)
-    grad_out = randn(gen, b, hq, sq, dv)
-    q, k, v, grad_out = (t.to(device=device, dtype=dtype) for t in (q, k, v, grad_out))
-    kwargs = {key: (val.to(device) if isinstance(val, torch.Tensor) else val) for key, val in kwargs.items()}
-    return AttentionProblem(q, k, v, grad_out, kwargs, seed)
+    return q, k, v, randn(gen, b, hq, sq, dv)
+
+
+def _packed_inputs(gen, sh: Shape, kwargs, size):
+    """q ``[Tq, Hq, D]``, k ``[Tk, Hkv, D]``, v (offset per sequence and KV head), dO ``[Tq, Hq, Dv]``."""
+    _, hq, hkv, _, _, d, dv = sh
+    tq, tk = int(kwargs["cu_seqlens_q"][-1]), int(kwargs["cu_seqlens_k"][-1])
+    q, k = size * randn(gen, tq, hq, d), size * randn(gen, tk, hkv, d)
+    len_k = torch.tensor(_sequence_lengths(kwargs["cu_seqlens_k"]))
+    offsets = value_offsets(sh.batch, hkv)[:, :, 0].repeat_interleave(len_k, dim=0)  # [Tk, Hkv, 1]
+    return q, k, randn(gen, tk, hkv, dv) + offsets, randn(gen, tq, hq, dv)

@@ -12,7 +12,7 @@ same ``out``, an ``lse`` shifted by ``slope * (i + Sk - Sq)``. The slopes are co
 from __future__ import annotations
 
 from attnformal import ops
-from attnformal.features.base import Feature, float_tensor
+from attnformal.features.base import Feature, float_tensor, seeded
 
 
 def alibi_bias(i, j, slope, len_q, len_k):
@@ -65,5 +65,17 @@ class AlibiSlopes(Feature):
         import torch
 
         return None if args.alibi_slopes is None else torch.tensor(args.alibi_slopes, dtype=torch.float64)
+
+    def strategy(self, shape):
+        from hypothesis import strategies as st
+
+        def slopes(per_batch, gen):
+            import torch
+
+            size = (shape.batch, shape.heads_q) if per_batch else (shape.heads_q,)
+            # ALiBi's slopes are 2^-k (k = 8h/Hq, h = 1..Hq): exact in every dtype.
+            return 2.0 ** -torch.randint(1, 9, size, generator=gen, dtype=torch.float64)
+
+        return st.none() | seeded(slopes, st.booleans())
 
 FEATURE = AlibiSlopes()

@@ -170,6 +170,18 @@ def int_list(name: str, value, batch: int, low: int, high: int, what: str, bound
     return tuple(int(n) for n in values)
 
 
+def seeded(build, *parts):
+    """A Hypothesis strategy of ``build(*drawn, generator)``: ``parts`` drawn, then a float64 tensor built from a
+    generator seeded by a drawn seed (a failure shrinks to a small seed and replays exactly)."""
+    import torch
+    from hypothesis import strategies as st
+
+    def built(drawn):
+        return build(*drawn[:-1], torch.Generator().manual_seed(drawn[-1]))
+
+    return st.tuples(*parts, st.integers(0, 2**31 - 1)).map(built)
+
+
 def float_tensor(name: str, value, expected: str, device) -> None:
     """A floating tensor on ``device``, or a :class:`SpecError` (``expected``: its shape, in words)."""
     import torch

@@ -8,7 +8,7 @@ bias was broadcast along; it reaches the caller's tensor through autograd.
 
 from __future__ import annotations
 
-from attnformal.features.base import Feature, float_tensor
+from attnformal.features.base import Feature, float_tensor, seeded
 
 
 class Bias(Feature):
@@ -35,6 +35,19 @@ class Bias(Feature):
     def score_bias(self, value, spec, batches, rows: slice, cols: slice, dtype):
         full = (spec.batch, spec.heads_q, spec.len_q, spec.len_k)
         return value.expand(full)[batches][:, :, rows, cols].to(dtype)
+
+    def strategy(self, shape):
+        from hypothesis import strategies as st
+
+        def bias(rank, kept, gen):
+            import torch
+
+            # Each of [B, Hq, Sq, Sk] kept or broadcast (1), and the leading dimensions left out down to ``rank``.
+            full = (shape.batch, shape.heads_q, shape.len_q, shape.len_k)
+            size = [n if keep else 1 for n, keep in zip(full, kept)][len(full) - rank:]
+            return 2.0 * torch.randn(size, generator=gen, dtype=torch.float64)
+
+        return st.none() | seeded(bias, st.integers(0, 4), st.tuples(*[st.booleans()] * 4))
 
 
 FEATURE = Bias()

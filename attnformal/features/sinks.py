@@ -10,7 +10,7 @@ it; ``-inf`` is no sink. Gradient: ``d sink_h = sum_{b, i} p_sink (dlse - rowsum
 
 from __future__ import annotations
 
-from attnformal.features.base import Feature, float_tensor
+from attnformal.features.base import Feature, float_tensor, seeded
 
 
 class Sinks(Feature):
@@ -47,5 +47,16 @@ class Sinks(Feature):
         import torch
 
         return None if args.sinks is None else torch.tensor(args.sinks, dtype=torch.float64)
+
+    def strategy(self, shape):
+        from hypothesis import strategies as st
+
+        def logits(gen):
+            import torch
+
+            sinks = 2.0 * torch.randn(shape.heads_q, generator=gen, dtype=torch.float64)
+            return sinks.masked_fill(torch.rand(shape.heads_q, generator=gen) < 0.25, -float("inf"))  # no sink
+
+        return st.none() | seeded(logits)
 
 FEATURE = Sinks()

@@ -104,6 +104,24 @@ class CuSeqlens(Feature):
     def from_json(self, data):
         return None if data is None else tuple(data)
 
+    def strategy(self, shape):
+        """Cumulative lengths of ``shape.batch`` sequences of 0 .. ``Sq`` (``Sk``) tokens each, as a list or an
+        int32 tensor. Never None: the two sides come together (``strategies.problems(packed=True)``)."""
+        import itertools
+
+        import torch
+        from hypothesis import strategies as st
+
+        most = shape.len_q if self.side == "q" else shape.len_k
+        lengths = st.lists(st.integers(0, most), min_size=shape.batch, max_size=shape.batch)
+
+        def cumulative(drawn):
+            lengths, as_tensor = drawn
+            cu = [0, *itertools.accumulate(lengths)]
+            return torch.tensor(cu, dtype=torch.int32) if as_tensor else cu
+
+        return st.tuples(lengths, st.booleans()).map(cumulative)
+
 
 def _check_key_lengths(cu_k, values):
     """A ``length`` feature (kv_lens) may only shorten each sequence: at most ``len_k(b)`` keys."""

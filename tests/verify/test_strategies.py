@@ -1,13 +1,16 @@
 """Hypothesis strategies: composable, validated when built, and usable to fuzz a kernel."""
 
+import functools
+
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from attnformal import strategies as attn
 from attnformal.kernels.torch_tiled import attention
+from attnformal.schedule import TileSchedule
 from attnformal.testing import assert_attention_close
 from attnformal.verify.calls import call
 from attnformal.verify.cases import Case, Shape
@@ -51,6 +54,10 @@ def test_fixed_mask_arguments_are_passed_through(problem):
     (lambda: attn.problems(dropout_p=1.0), "expected a float in [0, 1)"),
     (lambda: attn.problems(shapes=Shape(1, 1, 1, 4, 4, 8, 8)), "expected a strategy of Shape"),
     (lambda: attn.problems(dtype=torch.int8), "problems(dtype=torch.int8)"),
+    (lambda: attn.problems(packed="yes"), "problems(packed='yes'): expected a bool"),
+    (lambda: attn.problems(sinks=torch.zeros(2)), "problems(sinks=...): expected True"),
+    (lambda: attn.problems(sink=True), "problems(sink=...): no feature of that name"),
+    (lambda: attn.masks(Shape(1, 1, 1, 4, 4, 8, 8), sinks=True), "masks(sinks=...): no mask feature"),
 ])
 def test_bad_arguments_fail_when_the_strategy_is_built(build, message):
     with pytest.raises(InvalidArgument) as err:
@@ -87,3 +94,120 @@ def test_other_mask_features_are_drawn_only_when_asked_and_refused_combinations_
 
     draw()
     assert {"chunk_size", "prefix_lens"} <= set(seen), "asked for, both are drawn"
+
+
+# ---- the score features and packed batches: drawn by their declarations, computed by the torch tiled kernel
+
+SMALL = attn.shapes(batch=st.integers(1, 3), heads_kv=st.integers(1, 2), group=st.integers(1, 2),
+                    len_q=st.integers(0, 12), len_k=st.integers(0, 12), head_dim=st.sampled_from([4, 8]))
+TILED = functools.partial(attention, schedule=TileSchedule(block_m=4, block_n=4))  # several tiles a row and column
+ASKED = {"sinks": {"sinks": True}, "alibi_slopes": {"alibi_slopes": True}, "bias": {"bias": True},
+         "packed": {"packed": True, "attn_mask": False}}  # an explicit mask has no packed shape: never packed
+FEW = settings(max_examples=15, derandomize=True, database=None, deadline=None,
+               suppress_health_check=[HealthCheck.too_slow])
+
+
+def feature_problems(name):
+    return attn.problems(dtype=st.sampled_from([torch.float32, torch.bfloat16]), shapes=SMALL,
+                         values="normal", **ASKED[name])
+
+
+def drawn(name, problem) -> bool:
+    keyword = "cu_seqlens_q" if name == "packed" else name
+    return problem.kwargs.get(keyword) is not None
+
+
+def assert_matches_reference(impl, problem, *, backward=True):
+    """out, lse (with ``backward``: dQ, dK, dV, d sinks, d bias) of ``impl`` against the float64 reference's
+    error model."""
+    expected = problem.reference(backward=backward)
+    observed = call(impl, as_case(problem), lse=True, backward=backward)
+    for name, value in expected.values.items():
+        assert_attention_close(observed.get(name), value, **expected.tolerance(name), name=name)
+
+
+@pytest.mark.parametrize("name", ASKED)
+def test_torch_tiled_matches_the_reference_on_each_drawn_feature(name):
+    seen = []
+
+    @FEW
+    @given(feature_problems(name))
+    def matches(problem):
+        seen.append(drawn(name, problem))
+        assert_matches_reference(TILED, problem)
+
+    matches()
+    assert sum(seen) >= 3, f"{name} was drawn in {sum(seen)} of {len(seen)} problems"
+
+
+def ignoring(name):
+    """A broken kernel: the torch tiled kernel with ``name`` left out of the call."""
+    def kernel(q, k, v, **kwargs):
+        kwargs.pop(name)
+        return TILED(q, k, v, **kwargs)
+    return kernel
+
+
+def one_sequence(q, k, v, *, cu_seqlens_q, cu_seqlens_k, return_lse=False, **kwargs):
+    """A broken kernel: a packed batch run as one sequence (each query reads every sequence's keys)."""
+    def padded(t):
+        return t.transpose(0, 1)[None]
+
+    out, lse = TILED(padded(q), padded(k), padded(v), return_lse=True, **kwargs)
+    out, lse = out[0].transpose(0, 1), lse[0].transpose(0, 1)
+    return (out, lse) if return_lse else out
+
+
+CONTROLS = {"sinks": (ignoring("sinks"), {}), "alibi_slopes": (ignoring("alibi_slopes"), {}),
+            "bias": (ignoring("bias"), {}),
+            "packed": (one_sequence, {"kv_lens": False, "prefix_lens": None})}  # per-batch values: one sequence
+
+
+@pytest.mark.parametrize("name", ASKED)
+def test_a_kernel_that_ignores_the_feature_fails_the_same_property(name):
+    kernel, narrowed = CONTROLS[name]
+
+    @settings(FEW, phases=[Phase.generate])  # no shrinking: the failure itself is the point
+    @given(attn.problems(dtype=torch.float32, shapes=SMALL, values="normal", **{**ASKED[name], **narrowed}))
+    def matches(problem):
+        # Forward: without the keyword the kernel has no gradient for sinks or bias, a contract error the
+        # call reports before any comparison; the values must be what fails.
+        if drawn(name, problem):
+            assert_matches_reference(kernel, problem, backward=False)
+
+    with pytest.raises(AssertionError, match="not close"):
+        matches()
+
+
+def forms(problem) -> set[str]:
+    """What a drawn problem's score features and packing look like."""
+    kw, found = problem.kwargs, set()
+    if "sinks" in kw:
+        found.add("sink -inf" if bool(torch.isinf(kw["sinks"]).any()) else "sinks finite")
+    if "alibi_slopes" in kw:
+        found.add(f"slopes {kw['alibi_slopes'].dim()}-D")
+    if "bias" in kw:
+        spec = problem.spec
+        full = (spec.batch, spec.heads_q, spec.len_q, spec.len_k)
+        found.add(f"bias {kw['bias'].dim()}-D")
+        found.update(["bias broadcast [B, Hq, Sq, Sk]"] if kw["bias"].dim() == 4 and kw["bias"].shape != full else [])
+    if "cu_seqlens_q" in kw:
+        found.add(f"cu as {type(kw['cu_seqlens_k']).__name__}")
+        found.update(["an empty sequence"] if 0 in torch.as_tensor(kw["cu_seqlens_k"]).diff() else [])
+    return found
+
+
+def test_the_declarations_draw_every_form_of_their_values():
+    seen = set()
+
+    @settings(max_examples=150, derandomize=True, database=None, deadline=None)  # no kernel: cheap
+    @given(scores=attn.problems(shapes=SMALL, sinks=True, alibi_slopes=True, bias=True),
+           packs=attn.problems(shapes=SMALL, attn_mask=False, packed=True))
+    def draw(scores, packs):
+        scores.spec, packs.spec  # valid protocol calls
+        seen.update(forms(scores) | forms(packs))
+
+    draw()
+    expected = {"sink -inf", "sinks finite", "slopes 1-D", "slopes 2-D", *(f"bias {n}-D" for n in range(5)),
+                "bias broadcast [B, Hq, Sq, Sk]", "cu as list", "cu as Tensor", "an empty sequence"}
+    assert expected <= seen, f"never drawn: {sorted(expected - seen)}"

@@ -36,7 +36,8 @@ _VALUE_SCALE = {"normal": 1.0, "large": 30.0, "tiny": 1e-6, "zeros": 0.0}
 
 @dataclass(frozen=True)
 class AttentionProblem:
-    """Inputs and keyword arguments of one protocol call (and dO for the backward)."""
+    """Inputs and keyword arguments of one protocol call (and dO for the backward): q, k, v, dO padded
+    ``[B, H, S, D]``, or packed ``[T, H, D]`` when ``kwargs`` holds ``cu_seqlens_q/k``."""
 
     q: torch.Tensor
     k: torch.Tensor

@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"or P=V1,V2,...; P: {', '.join(SWEEP_PARAMS)} (default {DEFAULT_SWEEP})")
     p.add_argument("--per-octave", type=POSITIVE, default=2, metavar="K", help="points per doubling in LO..HI (2)")
     p.add_argument("--mask", nargs="+", default=["dense"], metavar="M",
-                   help="dense, causal, window:W, window:N/K, window (W swept)")
+                   help="dense, causal, window:W, window:N/K, window (W swept), chunk:C, chunk:N/K, chunk")
     p.add_argument("--dtype", default="float32", choices=SUPPORTED_DTYPES, metavar="DTYPE",
                    help=f"{', '.join(SUPPORTED_DTYPES)} (float32)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or npu (cpu)")
@@ -141,10 +141,9 @@ def configure(args):
     if not masks:
         raise ValueError(f"argument '--mask': expected at least one mask family, got {' '.join(args.mask)!r}")
     for mask in masks:
-        swept_width = mask.kind == "window" and mask.width is None and mask.per_n is None
-        if (sweep.param == "W") != swept_width:
-            raise ValueError("argument '--mask': --sweep W=... needs the mask 'window' (its width is swept), "
-                             f"and 'window' without a width needs --sweep W=...; got --mask {mask.label} "
+        if (sweep.param == "W") != mask.swept:
+            raise ValueError("argument '--mask': --sweep W=... needs the mask 'window' or 'chunk' (its size is "
+                             f"swept), and either without a size needs --sweep W=...; got --mask {mask.label} "
                              f"with --sweep {sweep.param}=...")
     device = Device(args.device, args.clock)
     threads = args.threads if args.threads is not None else (1 if args.device == "cpu" else None)

@@ -17,18 +17,20 @@ from attnformal.spec import AttentionSpec
 SWEEP_PARAMS = {
     "N": "sequence length (Sq = Sk)",
     "D": "head dim (D = Dv)",
-    "W": "window width (left; window masks)",
+    "W": "window width (left) or chunk size (window, chunk masks)",
     "B": "batch",
 }
-_MASK_FORMS = "dense, causal, window (its width swept by W), window:W or window:N/K"
+_MASK_FORMS = "dense, causal, window or chunk (its size swept by W), window:W, window:N/K, chunk:C or chunk:N/K"
+SIZED = ("window", "chunk")  # the families with a size: fixed, N/K, or the swept W
 
 
 @dataclass(frozen=True)
 class MaskFamily:
-    """``dense``, ``causal`` (top-left), or a sliding window: query i sees keys i-W .. i.
+    """``dense``, ``causal`` (top-left), a sliding window (query i sees keys i-W .. i), or chunked
+    attention (the ``chunk_size`` feature: query i sees the keys of its own chunk of C).
 
-    The window's width is fixed (``window:256``), a fraction of the length (``window:N/8``,
-    which grows with N), or the swept parameter (``window`` under ``--sweep W=...``).
+    The size (window width, chunk size) is fixed (``window:256``), a fraction of the length
+    (``window:N/8``, which grows with N), or the swept parameter (``window`` under ``--sweep W=...``).
     """
 
     kind: str
@@ -37,10 +39,15 @@ class MaskFamily:
 
     @property
     def label(self) -> str:
-        if self.kind != "window":
+        if self.kind not in SIZED:
             return self.kind
-        return f"window:{self.width}" if self.width is not None else \
-            f"window:N/{self.per_n}" if self.per_n is not None else "window:W"
+        return f"{self.kind}:{self.width}" if self.width is not None else \
+            f"{self.kind}:N/{self.per_n}" if self.per_n is not None else f"{self.kind}:W"
+
+    @property
+    def swept(self) -> bool:
+        """Whether the size is the swept parameter W."""
+        return self.kind in SIZED and self.width is None and self.per_n is None
 
     def kwargs(self, seq: int, swept_width: int | None = None) -> dict:
         """Protocol keyword arguments at sequence length ``seq``."""
@@ -48,20 +55,22 @@ class MaskFamily:
             return {}
         if self.kind == "causal":
             return {"causal": "top_left"}
-        width = self.width if self.width is not None else \
+        size = self.width if self.width is not None else \
             seq // self.per_n if self.per_n is not None else swept_width
-        return {"window": (width, 0)}
+        if self.kind == "window":
+            return {"window": (size, 0)}
+        return {"chunk_size": max(1, size)}  # a chunk holds a key at least (N/K of a short N is 0)
 
 
 def parse_mask(text: str) -> MaskFamily:
-    if text in ("dense", "causal", "window"):
+    if text in ("dense", "causal", *SIZED):
         return MaskFamily(text)
-    fixed = re.fullmatch(r"window:(\d+)", text)
-    if fixed:
-        return MaskFamily("window", width=int(fixed[1]))
-    growing = re.fullmatch(r"window:N/(\d+)", text)
-    if growing and int(growing[1]) >= 1:
-        return MaskFamily("window", per_n=int(growing[1]))
+    fixed = re.fullmatch(r"(window|chunk):(\d+)", text)
+    if fixed and (fixed[1] == "window" or int(fixed[2]) >= 1):
+        return MaskFamily(fixed[1], width=int(fixed[2]))
+    growing = re.fullmatch(r"(window|chunk):N/(\d+)", text)
+    if growing and int(growing[2]) >= 1:
+        return MaskFamily(growing[1], per_n=int(growing[2]))
     raise ValueError(f"argument '--mask': expected {_MASK_FORMS}, got {text!r}")
 
 
@@ -109,7 +118,7 @@ class Problem:
     seq: int
     head_dim: int
     mask: MaskFamily
-    width: int | None = None  # the swept window width under --sweep W
+    width: int | None = None  # the swept window width or chunk size under --sweep W
 
     def at(self, param: str, x: int) -> Problem:
         """This problem with the swept parameter set to ``x``."""

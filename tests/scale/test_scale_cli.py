@@ -73,6 +73,8 @@ def test_a_width_sweep_needs_the_window_family(tmp_path, capsys):
     (["--impl", "sdpa", "--mask", "window:x"], "argument '--mask'"),
     (["--impl", "sdpa", "--sweep", "W=8..64"], "argument '--mask': --sweep W=... needs the mask 'window'"),
     (["--impl", "sdpa", "--sweep", "N=8..64", "--mask", "window"], "argument '--mask'"),
+    (["--impl", "sdpa", "--sweep", "N=8..64", "--mask", "chunk"], "argument '--mask': --sweep W=... needs"),
+    (["--impl", "sdpa", "--mask", "chunk:0"], "argument '--mask': expected"),
     (["--impl", "sdpa", "--heads", "4", "--heads-kv", "3"], "argument '--heads-kv'"),
     (["--impl", "sdpa", "--repeats", "0"], "argument --repeats: expected an int >= 1, got '0'"),
     (["--impl", "sdpa", "--device", "tpu"], "argument '--device'"),

@@ -29,7 +29,17 @@ def test_mask_families():
         ["dense", "window:256", "window:N/8", "window:W"]
 
 
-@pytest.mark.parametrize("text", ["full", "window:", "window:-3", "window:N/0", "window:N", "causal:1"])
+def test_chunk_families_take_the_sizes_of_a_window():
+    assert parse_mask("chunk:256").kwargs(4096) == {"chunk_size": 256}
+    assert parse_mask("chunk:N/8").kwargs(4096) == {"chunk_size": 512}
+    assert parse_mask("chunk:N/8").kwargs(1) == {"chunk_size": 1}  # the trivial problem: a chunk of one key
+    assert parse_mask("chunk").kwargs(4096, swept_width=64) == {"chunk_size": 64}
+    assert [parse_mask(t).label for t in ("chunk:256", "chunk:N/8", "chunk")] == ["chunk:256", "chunk:N/8", "chunk:W"]
+    assert [parse_mask(t).swept for t in ("chunk", "window", "chunk:8", "causal")] == [True, True, False, False]
+
+
+@pytest.mark.parametrize("text", ["full", "window:", "window:-3", "window:N/0", "window:N", "causal:1", "chunk:0",
+                                  "chunk:N/0", "chunk:", "chunks:8"])
 def test_bad_masks_name_the_argument(text):
     with pytest.raises(ValueError, match="argument '--mask': expected"):
         parse_mask(text)

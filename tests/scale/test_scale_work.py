@@ -104,6 +104,10 @@ def test_schedule_work_grows_as_the_tiles_it_visits():
     # a fixed window visits at most 3 key blocks per query block: linear in N
     assert work(window, 8192).tiles_visited == 2 * (3 * 64 - 2 - 1)  # blocks 0 and 1 see 1 and 2
     assert work(window, 8192).flops("dense") == 4 * work(window, 4096).flops("dense")
+    # chunks of 256 keys over blocks of 128: each query block lies in one chunk, which spans 2 key blocks
+    chunk = MaskFamily("chunk", width=256)
+    assert work(chunk, 8192).tiles_visited == 2 * 64 * 2
+    assert work(chunk, 8192).tiles_visited == 2 * work(chunk, 4096).tiles_visited
 
 
 def test_backward_adds_the_five_backward_matmuls():

@@ -78,4 +78,5 @@ class AlibiSlopes(Feature):
 
         return st.none() | seeded(slopes, st.booleans())
 
+
 FEATURE = AlibiSlopes()

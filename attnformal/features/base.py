@@ -171,8 +171,8 @@ def int_list(name: str, value, batch: int, low: int, high: int, what: str, bound
 
 
 def seeded(build, *parts):
-    """A Hypothesis strategy of ``build(*drawn, generator)``: ``parts`` drawn, then a float64 tensor built from a
-    generator seeded by a drawn seed (a failure shrinks to a small seed and replays exactly)."""
+    """A Hypothesis strategy of ``build(*drawn, generator)``: the strategies ``parts`` drawn, and a generator
+    seeded by a drawn seed that ``build`` makes its tensor from (a failure shrinks and replays exactly)."""
     import torch
     from hypothesis import strategies as st
 

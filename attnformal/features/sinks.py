@@ -59,4 +59,5 @@ class Sinks(Feature):
 
         return st.none() | seeded(logits)
 
+
 FEATURE = Sinks()

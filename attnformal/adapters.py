@@ -26,7 +26,7 @@ import warnings
 
 import torch
 
-from attnformal.features import refuse_unsupported, with_role
+from attnformal.features import mask_features, refuse_unsupported
 from attnformal.spec import AttentionSpec
 
 
@@ -77,7 +77,7 @@ def _masked_beyond(spec: AttentionSpec, *native: str) -> bool:
 
 
 def _active_masks(spec: AttentionSpec) -> set[str]:
-    return {f.name for f in with_role("interval", "length", "data") if f.active(getattr(spec, f.name))}
+    return {f.name for f in mask_features() if f.active(getattr(spec, f.name))}
 
 
 def _refuse(condition, reason):

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import SearchStrategy
 
-from attnformal.features import FEATURES, feature, varlen, with_role
+from attnformal.features import FEATURES, MASK_ROLES, feature, varlen, with_role
 from attnformal.masks import CAUSAL_MODES
 from attnformal.spec import SUPPORTED_DTYPES, AttentionSpec
 from attnformal.verify.cases import Shape, generator, randn, value_offsets
@@ -152,7 +152,6 @@ def masks(shape: Shape, *, causal=st.sampled_from(CAUSAL_MODES), window=st.none(
 
 
 EXPLICIT_MASKS = ("causal", "window", "kv_lens", "attn_mask")  # the keywords of masks() itself
-MASK_ROLES = ("interval", "length", "data")  # features masks() draws (asked for by keyword)
 SCORE_ROLES = ("bias", "state")  # features problems() draws itself: tensors for the shape (sinks, ALiBi, bias)
 
 

@@ -46,10 +46,19 @@ def with_role(*roles: str) -> list[Feature]:
     return [f for f in FEATURES if f.role in roles]
 
 
+MASK_ROLES = ("interval", "length", "data")  # the roles that decide which keys a query may attend
+
+
+def mask_features() -> list[Feature]:
+    """The registered features that mask keys: index intervals, key lengths and data masks."""
+    return with_role(*MASK_ROLES)
+
+
 def defaults() -> dict:
     """Every protocol keyword with its default: a call that asks for nothing."""
     return {f.name: f.default for f in FEATURES}
 
 
-__all__ = ["FEATURES", "Feature", "Problem", "defaults", "feature", "names", "refuse_unsupported", "registered",
+__all__ = ["FEATURES", "MASK_ROLES", "Feature", "Problem", "defaults", "feature", "mask_features", "names",
+           "refuse_unsupported", "registered",
            "with_role"]

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnformal.features import FEATURES, with_role
+from attnformal.features import FEATURES, mask_features, with_role
 from attnformal.masks import MaskGeometry
 from attnformal.oracle import oracle_from_spec
 from attnformal.spec import AttentionSpec
@@ -313,7 +313,7 @@ def _per_batch(spec: AttentionSpec):
 
 
 def _mask_free(kw) -> bool:
-    return not any(f.active(kw.get(f.name)) for f in with_role("interval", "length", "data"))
+    return not any(f.active(kw.get(f.name)) for f in mask_features())
 
 
 def _padded_reference(q, k, v, grad_out, kw, block):

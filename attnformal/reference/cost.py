@@ -9,9 +9,12 @@ the rows has nearly doubled the time twice in a row -- the linear regime -- and 
 line through those two samples to ``Sq``. One cold call would count one-time costs (first
 use of a code path, fresh pages) and a whole block's cost as work per row; samples within
 one block see its scratch memory grow with the rows, which the whole case does not.
-Sampling stops earlier when it has cost a tenth of the estimated total (unless the memory
-estimate, leaning high within one block, exceeds what is available), or at samples of
-``Sq / 8`` rows.
+Until one doubling has shown that growth, fixed costs still hide the cost per row (a
+sample of 2 rows can cost what 1 row costs), so the line would extend almost nothing: the
+time is then extended in proportion to the larger sample's rows instead, an upper bound for
+fixed-plus-linear cost. Sampling stops earlier when it has cost a tenth of the estimated
+total (unless the memory estimate, leaning high within one block, exceeds what is available),
+or at samples of ``Sq / 8`` rows.
 
 Peak memory is the process's resident-set high-water mark above its level before the call
 (Linux: ``VmHWM`` in ``/proc/self/status``, reset through ``/proc/self/clear_refs``), so it
@@ -45,9 +48,13 @@ class Estimate:
     peak_bytes: int | None
     rows: tuple[int, int]  # the two sampled row counts the line goes through
     sample: object  # what the larger of them returned (its reference, for early checks)
+    growing: bool = True  # False: the time is the larger run's, in proportion to the rows
 
     def describe(self) -> str:
         """How the numbers were obtained."""
+        if not self.growing:
+            return f"time in proportion to a run of {self.rows[1]} query rows, memory extended from it " \
+                   f"and a run of {self.rows[0]}"
         return f"extended from runs of {self.rows[0]} and {self.rows[1]} query rows"
 
 
@@ -80,7 +87,7 @@ def estimate(run: Callable[[int, Callable], object], len_q: int, memory: int | N
         low, high = high, measure(run, 2 * high.rows)
         spent += high.seconds
         linear = linear + 1 if high.seconds >= LINEAR * low.seconds else 0
-        result = _estimate(low, high, len_q)
+        result = _estimate(low, high, len_q, growing=linear >= 1)
         settled = linear >= 2 and low.blocks >= 2
         in_doubt = memory is not None and result.peak_bytes is not None and result.peak_bytes > memory \
             and low.blocks < 2
@@ -89,11 +96,13 @@ def estimate(run: Callable[[int, Callable], object], len_q: int, memory: int | N
             return result
 
 
-def _estimate(low: Sample, high: Sample, len_q: int) -> Estimate:
+def _estimate(low: Sample, high: Sample, len_q: int, *, growing: bool) -> Estimate:
+    """The case's cost from two samples; ``growing``: the time has been seen to grow with the rows."""
     peak = None if low.peak is None or high.peak is None else \
         round(_extend(low.peak, high.peak, low.rows, len_q, when_falling="flat"))
-    seconds = _extend(low.seconds, high.seconds, low.rows, len_q, when_falling="proportional")
-    return Estimate(seconds, peak, (low.rows, high.rows), high.result)
+    seconds = _extend(low.seconds, high.seconds, low.rows, len_q, when_falling="proportional") if growing \
+        else high.seconds * len_q / high.rows
+    return Estimate(seconds, peak, (low.rows, high.rows), high.result, growing)
 
 
 def _extend(at_rows: float, at_twice: float, rows: int, len_q: int, *, when_falling: str) -> float:

@@ -10,7 +10,8 @@ TORCH ?= torch==2.13.0+cpu
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 VENV_ARGS := $(if $(filter system,$(TORCH)),--system-site-packages,)
 # Numerics-sensitive tests run again under each of torch's CPU vector paths (it falls back
-# to the best one the CPU has), so an instruction-set assumption fails here, not on a user's machine.
+# to the best one the CPU has), so an instruction-set assumption fails here, not on a user's machine;
+# the reruns go side by side on one thread each (tools/numerics_reruns.py).
 CPU_CAPABILITIES ?= default avx2
 
 .PHONY: prove test bench ascend-check
@@ -31,8 +32,7 @@ prove: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	ATEN_CPU_CAPABILITY=avx512 $(PY) -m pytest -q
-	for capability in $(CPU_CAPABILITIES); do \
-		ATEN_CPU_CAPABILITY=$$capability $(PY) -m pytest -q -m numerics || exit 1; done
+	$(PY) tools/numerics_reruns.py $(CPU_CAPABILITIES)
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_kernels.py

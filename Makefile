@@ -11,8 +11,15 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 VENV_ARGS := $(if $(filter system,$(TORCH)),--system-site-packages,)
 # Numerics-sensitive tests run again under each of torch's CPU vector paths (it falls back
 # to the best one the CPU has), so an instruction-set assumption fails here, not on a user's machine;
-# the reruns go side by side on one thread each (tools/numerics_reruns.py).
+# the reruns go side by side on one thread each (tools/numerics_reruns.py). The names are x86's; elsewhere
+# (ARM) torch would warn "ignoring invalid value" on them, so only its scalar path `default` is forced.
+ifneq ($(filter x86_64 amd64 AMD64,$(shell uname -m)),)
+TOP_CAPABILITY ?= avx512
 CPU_CAPABILITIES ?= default avx2
+else
+TOP_CAPABILITY ?=
+CPU_CAPABILITIES ?= default
+endif
 
 .PHONY: prove test bench ascend-check
 
@@ -31,7 +38,7 @@ prove: $(VENV)/.installed
 	$(PY) -m attnformal.prove
 
 test: $(VENV)/.installed
-	ATEN_CPU_CAPABILITY=avx512 $(PY) -m pytest -q
+	$(if $(TOP_CAPABILITY),ATEN_CPU_CAPABILITY=$(TOP_CAPABILITY)) $(PY) -m pytest -q
 	$(PY) tools/numerics_reruns.py $(CPU_CAPABILITIES)
 
 bench: $(VENV)/.installed

@@ -736,8 +736,8 @@ def _as_checked(x):
 # ---------------------------------------------------------------------------- counterexamples become cases
 
 
-def counterexample_case(proof: Proof, s: _Symbolic, impl: str, directory, *, max_elements: int = 2**22,
-                        seed: int = 0) -> str:
+def counterexample_case(proof: Proof, s: _Symbolic, impl: str, folders: ReproFolders, *,
+                        max_elements: int = 2**22, seed: int = 0) -> str:
     """Write the battery case of a refutation's shape; return the replay command (or why not)."""
     if proof.model is None:
         return ""
@@ -761,25 +761,28 @@ def counterexample_case(proof: Proof, s: _Symbolic, impl: str, directory, *, max
                        seed, grad=False, **kwargs)
     name = impl.rpartition(":")[2]
     obligation = proof.claim.split(":")[0].split("] ")[1].replace(" ", "-")
-    path = _repro_folder(Path(directory), impl) / f"tiling-{name}-{s.family.name}-{obligation}.pt"
+    path = folders.folder(impl) / f"tiling-{name}-{s.family.name}-{obligation}.pt"
     write_reproducer(path, case, impl=impl, check=f"tiling:{obligation}", dtype=dtype, lse=True)
     return f"python -m attnformal.verify --impl {impl} --replay {path}"
 
 
-_STARTED_FOLDERS: set[Path] = set()  # reproducer folders this process has written to
+class ReproFolders:
+    """Where one prove run leaves its reproducers: ``parent/<implementation>/``, as the battery's. The run's
+    first write to a folder moves an earlier run's files to ``previous/``, so an old reproducer is never
+    mistaken for a new one (each obligation's worker process starts the folders it writes to)."""
 
+    def __init__(self, parent):
+        self.parent, self.started = Path(parent), set()
 
-def _repro_folder(parent: Path, impl: str) -> Path:
-    """``parent/<implementation>/``, as the battery's; the first write of this process moves an earlier
-    run's files to ``previous/``, so an old reproducer is never mistaken for a new one."""
-    from attnformal.cli import impl_slug
-    from attnformal.verify.outputs import start_folder
+    def folder(self, impl: str) -> Path:
+        from attnformal.cli import impl_slug
+        from attnformal.verify.outputs import start_folder
 
-    folder = parent / impl_slug(impl)
-    if folder.resolve() not in _STARTED_FOLDERS:
-        start_folder(folder)
-        _STARTED_FOLDERS.add(folder.resolve())
-    return folder
+        folder = self.parent / impl_slug(impl)
+        if folder.resolve() not in self.started:
+            start_folder(folder)
+            self.started.add(folder.resolve())
+        return folder
 
 
 # ---------------------------------------------------------------------------- the executor
@@ -908,9 +911,11 @@ REPRO_DIR = Path("verify-repro")  # where refutations leave their battery cases 
 
 
 def kernel_obligations(specs, repro_dir=REPRO_DIR) -> list[tuple[int, TilingObligation]]:
-    """``[(number, obligation)]`` for ``--kernel`` specs, numbered in order; ValueError names a bad one."""
+    """``[(number, obligation)]`` for ``--kernel`` specs, numbered in order; ValueError names a bad one.
+    ``repro_dir``: where refutations leave their cases, started afresh by this run (None: nowhere)."""
     tilings = [(cls, spec) for spec in specs for cls in load_tilings(spec)]
-    return [(number, TilingObligation(cls, spec, repro_dir)) for number, (cls, spec) in enumerate(tilings, start=1)]
+    folders = None if repro_dir is None else ReproFolders(repro_dir)
+    return [(number, TilingObligation(cls, spec, folders)) for number, (cls, spec) in enumerate(tilings, start=1)]
 
 
 def implementation_name(cls: type, origin: str) -> str:
@@ -924,19 +929,19 @@ class TilingObligation:
 
     COST = 3
 
-    def __init__(self, cls: type, origin: str, repro_dir=None):
-        self.cls, self.origin, self.repro_dir = cls, origin, repro_dir
+    def __init__(self, cls: type, origin: str, folders: ReproFolders | None = None):
+        self.cls, self.origin, self.folders = cls, origin, folders
         self.__name__ = implementation_name(cls, origin)
         self.TITLE = f"kernel {cls.__name__}"
         self.__doc__ = cls.__doc__ or ""
-        self.CONTROLS = [TilingControl(variant, origin, repro_dir) for variant in cls.controls]
+        self.CONTROLS = [TilingControl(variant, origin, folders) for variant in cls.controls]
         self.CONTROLS.append(TilingControl(_one_tile_short(cls), origin, None))
 
     def checks(self, settings, budget: Budget):
         tiling = self.cls()
         for family in (MASK_FAMILIES[name] for name in tiling.masks):
             for name, proof, s in check_family(tiling, family, budget):
-                yield _with_replay(proof, s, self.__name__, self.repro_dir, name)
+                yield _with_replay(proof, s, self.__name__, self.folders, name)
             for report in filter(None, (waste(tiling, family, budget), int32_limit(tiling, family, budget))):
                 yield report
 
@@ -944,8 +949,8 @@ class TilingObligation:
 class TilingControl:
     """A wrong variant: some obligation, for some family it claims, must be refuted."""
 
-    def __init__(self, variant: type, origin: str, repro_dir):
-        self.variant, self.origin, self.repro_dir = variant, origin, repro_dir
+    def __init__(self, variant: type, origin: str, folders: ReproFolders | None):
+        self.variant, self.origin, self.folders = variant, origin, folders
         self.name = variant.__name__
         self.breaks = variant.breaks or "(no description)"
         owner = variant.__mro__[1].__name__
@@ -953,26 +958,26 @@ class TilingControl:
 
     def run(self, settings, budget: Budget) -> Proof:
         tiling = self.variant()
-        impl = implementation_name(self.variant, self.origin) if self.repro_dir else None
+        impl = implementation_name(self.variant, self.origin) if self.folders else None
         last = None
         for family in (MASK_FAMILIES[name] for name in tiling.masks):
             for name, proof, s in check_family(tiling, family, budget):
                 if proof.status == REFUTED:
-                    return _with_replay(proof, s, impl, self.repro_dir, name)
+                    return _with_replay(proof, s, impl, self.folders, name)
                 last = proof
         return last or Proof(f"{self.name} is refuted", "z3", UNKNOWN, detail="no obligation applied")
 
 
-def _with_replay(proof: Proof, s: _Symbolic, impl, directory, obligation) -> Proof:
+def _with_replay(proof: Proof, s: _Symbolic, impl, folders: ReproFolders | None, obligation) -> Proof:
     """The proof, with the battery case of a refutation whose effect the executor's output shows.
 
     Not for ``in bounds`` (a read outside the tensor that the mask then removes changes no output;
     one that stays unmasked also refutes mask-safety, which writes the case) nor for ``backward``
     (the executor's backward is autograd of its forward, not the tiling's ``q_blocks``).
     """
-    if proof.status != REFUTED or impl is None or directory is None or obligation in NOT_REPLAYED:
+    if proof.status != REFUTED or impl is None or folders is None or obligation in NOT_REPLAYED:
         return proof
-    command = counterexample_case(proof, s, impl, directory)
+    command = counterexample_case(proof, s, impl, folders)
     return proof.but(detail="; ".join(filter(None, (proof.detail, f"replay: {command}")))) if command else proof
 
 

@@ -217,6 +217,9 @@ def test_a_refutation_becomes_a_case_the_battery_reproduces(tmp_path, monkeypatc
     assert "FAIL" in capsys.readouterr().out
     assert verify_main(["--impl", f"{path}:MyKernel", "--replay", str(case)]) == 0  # the right tiling passes
     assert verify_main(["--impl", "torch-tiled", "--replay", str(case)]) == 0
+    rerun = kernel_obligations([f"{path}:MyKernel"], tmp_path / "repro")[0][1]  # a second run, same process
+    assert next(c for c in rerun.CONTROLS if c.name == "MyKernelTopLeft").run(None, Budget(60)).status == REFUTED
+    assert (folder / "previous" / case.name).exists()  # the first run's case moved aside in turn
 
 
 @pytest.mark.parametrize("spec, message", [("no_colon", "--kernel"), ("attnformal.ops:maximum", "KernelTiling"),

@@ -155,6 +155,8 @@ BAD = [
     ("cu_seqlens_q", dict(cu_seqlens_q=torch.tensor(CQ, dtype=torch.float32)), "int32"),
     ("kv_lens", dict(kv_lens=[3, 1, 0, 0, 0, 0, 0]), "sequence 1 has 0"),
     ("cu_seqlens_q", dict(attn_mask=torch.ones(7, 4, 57, 61, dtype=torch.bool)), "attn_mask has the padded shape"),
+    ("cu_seqlens_q", dict(bias=torch.zeros(4, 1, 1, dtype=torch.float64)),
+     r"bias has the padded shape \[B, Hq, Sq, Sk\]; a packed batch has none"),
 ]
 
 
@@ -165,6 +167,19 @@ def test_bad_packed_call_is_one_error_naming_the_argument(argument, change, expe
     with pytest.raises(SpecError, match=expected) as caught:
         AttentionSpec.from_inputs(q, k, v, **keywords)
     assert caught.value.argument == argument
+
+
+def test_sequence_b_takes_its_row_of_the_slopes_and_the_shared_sinks():
+    q, k, v, _ = packed_problem(seed=8)
+    sinks = torch.tensor([0.5, -1.0, 0.0, 2.0], dtype=torch.float64)
+    slopes = torch.arange(28, dtype=torch.float64).reshape(7, 4)  # a different row per sequence
+    spec = AttentionSpec.from_inputs(q, k, v, **cu_keywords(), sinks=sinks, alibi_slopes=slopes)
+    for b in range(7):
+        one = spec.sequence(b)
+        assert one.sinks is sinks  # the caller's tensor in every sequence: autograd sums d sinks
+        assert torch.equal(one.alibi_slopes, slopes[b:b + 1])
+    shared = AttentionSpec.from_inputs(q, k, v, **cu_keywords(), alibi_slopes=slopes[3])  # [Hq]: every sequence's
+    assert all(torch.equal(shared.sequence(b).alibi_slopes, slopes[3:4]) for b in range(7))
 
 
 def test_packed_tensors_must_be_three_dimensional():

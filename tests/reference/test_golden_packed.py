@@ -62,3 +62,75 @@ def test_bad_cu_seqlens_name_the_argument(tmp_path, capsys):
             "--cu-seqlens-k", "0,2,5", "--seed", "1", "--out", str(tmp_path / "x.npz")]
     assert main(argv) == 2
     assert "argument 'cu_seqlens_q': expected non-decreasing ints from 0 to 5" in capsys.readouterr().err
+
+
+# ---- sinks and ALiBi [B, Hq] (a different row per sequence) with a packed batch
+
+SINKS = torch.tensor([0.75, -0.5], dtype=torch.float64)
+SLOPES = torch.tensor([[0.5, 0.25], [0.125, 1.0], [1.0, 0.0625], [0.25, 0.5]], dtype=torch.float64)
+
+
+@pytest.fixture(scope="module")
+def scored_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("golden") / "packed-scored.npz"
+    shape = (4, 2, 1, CU_Q[-1], CU_K[-1], 16, 16)
+    inputs = golden.make_inputs(shape, torch.bfloat16, 5, packed=True)
+    result = golden.generate(inputs, cu_seqlens_q=CU_Q, cu_seqlens_k=CU_K, causal="bottom_right", sinks=SINKS,
+                             alibi_slopes=SLOPES)
+    golden.save(path, inputs, result, seed=5, generator={"shape": list(shape), "how": "tests/reference"})
+    return path
+
+
+def oracle_of(case, **changes):
+    """out, lse, dq, dk, dv and d sinks of the fp64 oracle on the file's inputs (sequence by sequence)."""
+    x = {name: t.double() for name, t in case.inputs.items()}
+    sinks = SINKS.clone().requires_grad_(True)
+    found = forward_backward(attention_oracle, x["q"], x["k"], x["v"], x["grad_out"],
+                             **{**case.protocol_kwargs(), "sinks": sinks, **changes})
+    return dict(zip(("out", "lse", "dq", "dk", "dv"), found), dsinks=sinks.grad)
+
+
+def inside(case, name, value) -> bool:
+    stored, radius = case.reference[name]
+    finite = torch.isfinite(value)
+    return torch.equal(finite, torch.isfinite(stored)) and bool(((stored - value)[finite].abs()
+                                                                 <= radius[finite] + 1e-12).all())
+
+
+def test_a_packed_file_with_sinks_and_alibi_holds_d_sinks_summed_over_the_sequences(scored_file):
+    case = golden.load(scored_file)
+    assert torch.equal(case.spec.alibi_slopes, SLOPES) and torch.equal(case.spec.sinks, SINKS)
+    assert tuple(case.reference["dsinks"][0].shape) == (2,)
+    oracle = oracle_of(case)
+    assert [name for name, value in oracle.items() if not inside(case, name, value)] == []
+    # Controls: the last sequence's d sinks alone, and every sequence on row 0 of the slopes, lie outside.
+    assert not inside(case, "dsinks", last_sequence_d_sinks(case))
+    assert not inside(case, "out", oracle_of(case, alibi_slopes=SLOPES[:1].expand_as(SLOPES))["out"])
+
+
+def last_sequence_d_sinks(case):
+    """d sinks of the last sequence alone, run padded (batch 1, its own slopes row) through the oracle."""
+    queries, keys = slice(CU_Q[-2], CU_Q[-1]), slice(CU_K[-2], CU_K[-1])
+    x = {name: t.double()[queries if name in ("q", "grad_out") else keys].transpose(0, 1)[None]
+         for name, t in case.inputs.items()}
+    sinks = SINKS.clone().requires_grad_(True)
+    forward_backward(attention_oracle, x["q"], x["k"], x["v"], x["grad_out"], causal="bottom_right", sinks=sinks,
+                     alibi_slopes=SLOPES[-1])
+    return sinks.grad
+
+
+def test_check_passes_torch_tiled_and_fails_a_kernel_that_ignores_the_sinks(scored_file):
+    from attnformal.kernels import torch_tiled
+    from attnformal.reference.check import run_check
+
+    case = golden.load(scored_file)
+    report = run_check(case, torch_tiled.attention)
+    assert report.passed and {t.name for t in report.tensors} == {"out", "lse", "dq", "dk", "dv", "dsinks"}
+
+    def without_sinks(q, k, v, *, sinks, return_lse=False, **kwargs):
+        out, lse = torch_tiled.attention(q, k, v, return_lse=True, **kwargs)
+        out = out + 0 * sinks.sum()  # d sinks 0: the sink ignored, its gradient present
+        return (out, lse) if return_lse else out
+
+    failed = {t.name for t in run_check(case, without_sinks).tensors if not t.passed}
+    assert {"out", "lse", "dsinks"} <= failed

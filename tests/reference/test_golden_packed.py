@@ -134,3 +134,26 @@ def test_check_passes_torch_tiled_and_fails_a_kernel_that_ignores_the_sinks(scor
 
     failed = {t.name for t in run_check(case, without_sinks).tensors if not t.passed}
     assert {"out", "lse", "dsinks"} <= failed
+
+
+def test_both_certified_tiers_take_a_packed_batch_with_sinks_alibi_and_empty_sequences():
+    """Both tiers take a packed batch with an empty query and an empty key sequence: the float64 balls enclose the
+    oracle's out, lse and summed d sinks, and the Arb tier's far smaller balls (below the oracle's own error)."""
+    from attnformal.reference import certified_attention
+
+    gen = torch.Generator().manual_seed(9)
+    q, grad_out = (torch.randn(CU_Q[-1], 2, 4, generator=gen, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(CU_K[-1], 1, 4, generator=gen, dtype=torch.float64) for _ in range(2))
+    keywords = dict(cu_seqlens_q=CU_Q, cu_seqlens_k=CU_K, causal="bottom_right", alibi_slopes=SLOPES)
+    tiers = {tier: certified_attention(q, k, v, grad_out, sinks=SINKS, prec=prec, **keywords)
+             for tier, prec in (("float64", None), ("arb", 128))}
+    sinks = SINKS.clone().requires_grad_(True)
+    oracle = forward_backward(attention_oracle, q, k, v, grad_out, sinks=sinks, **keywords)
+    fp64, arb = tiers["float64"], tiers["arb"]
+    for name, value in (("out", oracle[0]), ("lse", oracle[1]), ("dsinks", sinks.grad)):
+        finite = torch.isfinite(value)
+        assert bool(fp64.contains(name, value)[finite].all()), name
+        assert bool(fp64.contains(name, getattr(arb, name)).all()), name
+    assert arb.tier == "arb-128" and arb.enclosure_radius < 1e-30 < fp64.enclosure_radius  # before rounding
+    assert bool((arb.dsinks_radius < fp64.dsinks_radius).all())
+    assert not bool(fp64.contains("dsinks", sinks.grad + 1e-9).any())  # control: a nearby value is outside

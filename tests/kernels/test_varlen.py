@@ -10,7 +10,7 @@ from attnformal.features import varlen
 from attnformal.oracle import attention_oracle, forward_backward
 from attnformal.schedule import TileSchedule
 from attnformal.spec import AttentionSpec, SpecError
-from kernel_checks import assert_matches
+from kernel_checks import assert_matches, available_kernels
 
 BLOCK = 16
 # Sequences of length 0, 1, block-1, block, block+1 (queries and keys differ per sequence).
@@ -89,27 +89,16 @@ def test_a_query_with_no_key_in_its_sequence_gives_zero_and_minus_infinity():
     assert torch.all(torch.isfinite(lse[:row]))  # control: sequence 0's queries do see keys
 
 
-def _kernels():
-    from attnformal.kernels import torch_tiled
-
-    kernels = {"torch-tiled": torch_tiled.attention}
-    try:
-        from attnformal.kernels import triton_flash
-    except ImportError:
-        return kernels
-    return {**kernels, "triton-flash": triton_flash.attention}
-
-
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16],
                          ids=lambda d: str(d).removeprefix("torch."))
 @pytest.mark.parametrize("mask", sorted(MASKS))
-@pytest.mark.parametrize("kernel", sorted(_kernels()))
+@pytest.mark.parametrize("kernel", sorted(available_kernels()))
 def test_kernel_matches_the_oracle_forward_and_backward(kernel, mask, dtype):
     q, k, v, dout = packed_problem(seed=3, dtype=dtype)
     keywords = {**cu_keywords(), **MASKS[mask]}
     ref = forward_backward(attention_oracle, q.double(), k.double(), v.double(), dout.double(), **keywords)
-    got = forward_backward(_kernels()[kernel], q, k, v, dout, schedule=TileSchedule(block_m=BLOCK, block_n=BLOCK),
-                           **keywords)
+    got = forward_backward(available_kernels()[kernel], q, k, v, dout,
+                           schedule=TileSchedule(block_m=BLOCK, block_n=BLOCK), **keywords)
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, ref):
         if dtype == torch.float64:
             finite = torch.isfinite(b)

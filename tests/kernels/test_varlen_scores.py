@@ -15,6 +15,7 @@ import itertools
 import pytest
 import torch
 
+from kernel_checks import available_kernels
 from attnformal.features import alibi
 from attnformal.features.base import Feature
 from attnformal.kernels import torch_tiled
@@ -51,15 +52,6 @@ FEATURES = {  # every row of the [B, Hq] slopes different
     "sinks + alibi [B, Hq]": {"sinks": SINKS, "alibi_slopes": ROWS},
 }
 MASKS = {"none": {}, "causal": {"causal": "bottom_right"}}
-
-
-def kernels():
-    found = {"torch-tiled": torch_tiled.attention}
-    try:
-        from attnformal.kernels import triton_flash
-    except ImportError:
-        return found
-    return {**found, "triton-flash": triton_flash.attention}
 
 
 def run(impl, q, k, v, grad_out, **keywords):
@@ -126,10 +118,10 @@ def packed_keywords(features, mask):
 
 @pytest.mark.parametrize("mask", sorted(MASKS))
 @pytest.mark.parametrize("features", list(FEATURES))
-@pytest.mark.parametrize("kernel", sorted(kernels()))
+@pytest.mark.parametrize("kernel", sorted(available_kernels()))
 def test_packed_sinks_and_alibi_are_each_sequence_alone(kernel, features, mask):
     q, k, v, grad_out = problem()
-    got = run(kernels()[kernel], q, k, v, grad_out, schedule=SCHEDULES[kernel],
+    got = run(available_kernels()[kernel], q, k, v, grad_out, schedule=SCHEDULES[kernel],
               **packed_keywords(FEATURES[features], MASKS[mask]))
     want = expected(q, k, v, grad_out, FEATURES[features], MASKS[mask])
     assert set(got) == set(want)

@@ -119,6 +119,19 @@ def last_sequence_d_sinks(case):
     return sinks.grad
 
 
+def test_a_packed_file_whose_d_sinks_is_one_sequence_short_is_rejected(scored_file, tmp_path):
+    with np.load(scored_file) as archive:
+        arrays = {name: archive[name] for name in archive.files}
+    meta = json.loads(str(arrays.pop("meta")))
+    case = golden.load(scored_file)  # control: the file as written loads
+    arrays["dsinks"] = arrays["dsinks"] - last_sequence_d_sinks(case).numpy()  # the last sequence left out
+    meta["arrays"]["dsinks"] = golden._describe(arrays["dsinks"])
+    out = tmp_path / "short.npz"
+    np.savez(out, meta=np.array(json.dumps(meta)), **arrays)
+    with pytest.raises(golden.GoldenError, match="the stored dsinks does not match"):
+        golden.load(out)
+
+
 def test_check_passes_torch_tiled_and_fails_a_kernel_that_ignores_the_sinks(scored_file):
     from attnformal.kernels import torch_tiled
     from attnformal.reference.check import run_check

@@ -280,10 +280,17 @@ def flash_attn(spec, q, k, v, return_lse):
     return out.transpose(1, 2), lse
 
 
-@adapter({"causal", "window", "softcap", "dropout_p", "cu_seqlens_q", "cu_seqlens_k"})
+@adapter({"causal", "window", "softcap", "dropout_p", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_k"})
 def flash_attn_varlen(spec, q, k, v, return_lse):
     """flash_attn.flash_attn_varlen_func (packed [T, H, D], cu_seqlens int32; lse [Hq, Tq] transposed to the
-    protocol's [Tq, Hq]). Each sequence's causal and window alignment is bottom-right, as the spec's."""
+    protocol's [Tq, Hq]). Each sequence's causal and window alignment is bottom-right, as the spec's.
+
+    ALiBi: ``alibi_slopes`` fp32 ``[B, Hq]``, row ``b`` for sequence ``b`` with its own lengths, as the spec's
+    ``spec.sequence(b)`` (flash-attention commit 0251105a2fb19d2957484b7f023cd8c115286ced:
+    ``flash_attn/flash_attn_interface.py`` ``flash_attn_varlen_func``; ``csrc/flash_attn/src/flash_fwd_kernel.h``
+    reads ``alibi_slopes[bidb * batch_stride + bidh]`` with ``binfo.actual_seqlen_k/q``). With causal its
+    kernel adds ``slope * j`` instead (``csrc/flash_attn/src/mask.h``): the same out, an lse shifted per row,
+    so that lse is refused."""
     varlen_func = _optional("flash_attn").flash_attn_varlen_func
     _refuse(not spec.packed, "flash_attn_varlen_func takes a packed batch (cu_seqlens_q/k)")
     _refuse(q.device.type != "cuda", "flash_attn runs on CUDA only")
@@ -292,11 +299,15 @@ def flash_attn_varlen(spec, q, k, v, return_lse):
     lengths = [spec.sequence_lengths(b) for b in range(spec.batch)]
     _refuse(spec.causal == "top_left" and any(lq != lk for lq, lk in lengths),
             "flash_attn's causal mask is bottom-right")
+    alibi = spec.alibi_slopes
+    _refuse(return_lse and alibi is not None and spec.causal is not None,
+            "flash_attn's causal ALiBi adds slope * j: its lse is shifted per row (out alone is the spec's)")
     cu_q, cu_k = (torch.tensor(cu, dtype=torch.int32, device=q.device) for cu in (spec.cu_seqlens_q, spec.cu_seqlens_k))
     left, right = spec.window if spec.window is not None else (-1, -1)
     result = varlen_func(q, k, v, cu_q, cu_k, max(lq for lq, _ in lengths), max(lk for _, lk in lengths),
                          dropout_p=spec.dropout_p, softmax_scale=spec.scale, causal=spec.causal is not None,
                          window_size=(max(left, -1), max(right, -1)), softcap=spec.softcap or 0.0,
+                         alibi_slopes=None if alibi is None else alibi.to(q.device, torch.float32).contiguous(),
                          return_attn_probs=return_lse)
     if not return_lse:
         return result

@@ -146,16 +146,11 @@ class AttentionSpec:
         return any(f.active(getattr(self, f.name)) for f in with_role("layout"))
 
     def sequence(self, b: int) -> AttentionSpec:
-        """Packed sequence ``b`` as a problem of its own: batch 1, its own lengths, no layout, and
-        entry ``b`` of every per-batch feature (see :mod:`attnformal.features.varlen`)."""
-        values = {}
-        for f in FEATURES:
-            value = getattr(self, f.name)
-            if f.role == "layout":
-                value = f.default
-            elif f.per_batch and value is not None:
-                value = value[b:b + 1]
-            values[f.name] = value
+        """Packed sequence ``b`` as a problem of its own: batch 1, its own lengths, no layout, and every
+        feature's value for it (:meth:`~attnformal.features.Feature.sequence_value`: entry ``b`` of a per-batch
+        feature, row ``b`` of ALiBi's slopes, the sinks as they are; see :mod:`attnformal.features.varlen`)."""
+        values = {f.name: f.default if f.role == "layout" else f.sequence_value(getattr(self, f.name), b)
+                  for f in FEATURES}
         len_q, len_k = self.sequence_lengths(b)
         return AttentionSpec(**{**self._core, "batch": 1, "len_q": len_q, "len_k": len_k}, **values)
 

@@ -205,7 +205,8 @@ def problems(*, dtype=torch.float32, shapes=shapes(), causal=st.sampled_from(CAU
     ``B`` sequences of 0 .. ``Sq`` queries and 0 .. ``Sk`` keys each, and q, k, v, dO in the packed
     ``[T, H, D]`` layout; per-batch key counts (``kv_lens``, ``prefix_lens``) are cut to each sequence's
     keys. A drawn feature that refuses another (:meth:`~attnformal.features.Feature.conflict`: a packed
-    batch with ``attn_mask``, dropout or sinks) drops the one asked for later: the problem stays padded.
+    batch with ``attn_mask``, dropout or a ``bias``) drops the one asked for later: the problem stays padded;
+    sinks and ALiBi slopes go with a packed batch (each sequence reads its row of ``[B, Hq]`` slopes).
 
     ``dropout_p > 0`` comes with a drawn keep-mask to replay. ``values`` picks the input
     scale: ``"normal"`` (N(0, 1)), ``"large"`` (x30: logits in the thousands), ``"tiny"``

@@ -43,6 +43,11 @@ class AlibiSlopes(Feature):
     def one_element(self, value, b, h, full):
         return value[b:b + 1, h:h + 1]
 
+    def sequence_value(self, value, b):
+        """Row ``b`` ``[1, Hq]`` of the validated ``[B, Hq]`` slopes: sequence ``b``'s own (as flash-attention's
+        varlen kernel reads ``alibi_slopes[b]``); without it a batch-1 sequence would read row 0."""
+        return None if value is None else value[b:b + 1]
+
     def score_bias(self, value, spec, batches, rows: slice, cols: slice, dtype):
         import torch
 

@@ -80,6 +80,14 @@ class Feature:
             return value
         return None if b is None else element(value, b)
 
+    def sequence_value(self, value, b: int):
+        """This feature's value for packed sequence ``b`` on its own (a batch-1 problem,
+        :meth:`~attnformal.spec.AttentionSpec.sequence`): a per-batch feature's entry ``b``; any other value
+        as it is (a per-head value is every sequence's)."""
+        if self.per_batch and value is not None:
+            return value[b:b + 1]
+        return value
+
     def narrow(self, i, lo, hi, value, g):
         """``(lo, hi)`` of row ``i`` after this feature (``role == "interval"``), written on ``ops``."""
         raise NotImplementedError(f"feature {self.name} has no key interval")

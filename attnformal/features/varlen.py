@@ -7,17 +7,20 @@ hold ``B`` sequences back to back; ``cu_seqlens_q`` (``B + 1`` ints, from 0, non
 query ``i`` / key ``j`` sit at packed row ``cu_q[b] + i`` / ``cu_k[b] + j`` (:func:`packed_index`).
 
 Semantics: sequence ``b`` is the unpacked problem :meth:`AttentionSpec.sequence` ``(b)`` -- batch
-1, its own lengths, every per-batch feature's entry ``b`` -- so every mask family aligns with the
-sequence's own lengths (bottom-right causal: ``j <= i + len_k(b) - len_q(b)``) and no new mask
-code exists. Returns: ``out`` ``[Tq, Hq, Dv]`` and ``lse`` ``[Tq, Hq]`` (the padded protocol's
+1, its own lengths, every feature's value for it (:meth:`Feature.sequence_value`: a per-batch
+feature's entry ``b``, row ``b`` of ``[B, Hq]`` ALiBi slopes, the ``[Hq]`` sinks unchanged) -- so
+every mask family and ALiBi align with the sequence's own lengths (bottom-right causal: ``j <= i +
+len_k(b) - len_q(b)``) and no new mask code exists. Every sequence shares the sinks, so ``d sinks``
+is the sum over the sequences (autograd sums it where the same tensor enters every sequence's call;
+:func:`pack` sums such results). Returns: ``out`` ``[Tq, Hq, Dv]`` and ``lse`` ``[Tq, Hq]`` (the padded protocol's
 convention, "``out`` without its value axis", token-major like ``out``; flash-attn's own lse is
 ``[Hq, Tq]`` and its adapter transposes it).
 
 Execution: :func:`run_packed` is the one pack/unpack helper. Every consumer computes sequence by
 sequence through the index map (as FA2's varlen kernel does: a tile never straddles two sequences);
 obligation ``varlen`` proves the map a bijection and that no query meets a key of another sequence.
-Mask and dropout *data* (``attn_mask``, ``dropout_mask``: ``[B, Hq, Sq, Sk]``) have no packed shape,
-so they are refused with a packed batch.
+Mask, dropout and bias *data* (``attn_mask``, ``dropout_mask``, ``bias``: ``[B, Hq, Sq, Sk]``) have no
+packed shape, so they are refused with a packed batch.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 from attnformal.features.base import Feature, element, is_int
 
 LAYOUT = "[T, H, D] (packed: T tokens of all sequences)"
+PADDED_ONLY = ("attn_mask", "dropout_mask", "dropout_p", "bias")  # data on the padded grid: refused when packed
 
 
 # ---- the index map (ops-agnostic: ints, torch index tensors, Z3 Ints and arrays)
@@ -73,14 +77,11 @@ class CuSeqlens(Feature):
         return cu
 
     def conflict(self, values):
-        data = [name for name in ("attn_mask", "dropout_mask", "dropout_p") if _active(name, values)]
-        if data:
-            return f"{data[0]} has the padded shape [B, Hq, Sq, Sk]; a packed batch has none (unpack it)"
-        # Not yet combined with a packed batch: d sinks sums over the sequences and ALiBi/bias need
-        # their per-sequence slices, which run_packed does not cut.
-        scores = [name for name in ("sinks", "alibi_slopes", "bias") if _active(name, values)]
-        if scores:
-            return f"{scores[0]} is not supported with a packed batch yet (run the sequences padded)"
+        # Sinks ([Hq]) and ALiBi's slopes (row b: Feature.sequence_value) have a value per sequence; a
+        # bias, like the masks, is laid out on the padded [B, Hq, Sq, Sk] grid, which a packed batch lacks.
+        padded = [name for name in PADDED_ONLY if _active(name, values)]
+        if padded:
+            return f"{padded[0]} has the padded shape [B, Hq, Sq, Sk]; a packed batch has none (unpack it)"
         return None
 
     def sequence_lengths(self, value, b, len_q, len_k):
@@ -240,16 +241,21 @@ def sequence_rows(spec, device=None):
 
 
 QUERY_SIDE = ("out", "lse", "dq", "grad")  # results (and grad_out) on query rows; the rest (dk, dv) on key rows
+SHARED = ("dsinks",)  # gradients of a value every sequence shares (the [Hq] sinks): on no row, summed
 
 
 def pack(spec, results: list[dict]) -> dict:
     """Per-sequence results in the padded layout (one dict per sequence, name -> ``[1, H, len, ...]``; a
-    name ``<x>_...`` goes with ``x``) on their packed rows: name -> ``[T, H, ...]``. Differentiable."""
+    name ``<x>_...`` goes with ``x``) on their packed rows: name -> ``[T, H, ...]``; a :data:`SHARED` one
+    is summed over the sequences (a plain sum: a certified ball needs its rounding added). Differentiable."""
     import torch
 
     rows = list(sequence_rows(spec, next(iter(results[0].values())).device))
     packed = {}
     for name in results[0]:
+        if name.partition("_")[0] in SHARED:
+            packed[name] = sum(r[name] for r in results)
+            continue
         side = 0 if name.partition("_")[0] in QUERY_SIDE else 1
         pieces = torch.cat([r[name][0].transpose(0, 1) for r in results])
         total = spec.len_q if side == 0 else spec.len_k

@@ -61,6 +61,9 @@ def const(value: arb) -> arb:
 def _matmul_objects(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     lead = a.shape[:-2]
     out = np.empty(lead + (a.shape[-2], b.shape[-1]), dtype=object)
+    if out.size == 0 or a.shape[-1] == 0:  # arb_mat takes no empty matrix: no entries, or sums of no terms
+        out.fill(arb(0))
+        return out
     for idx in np.ndindex(*lead):
         product = arb_mat(a[idx].tolist()) * arb_mat(b[idx].tolist())
         out[idx] = np.array(product.tolist(), dtype=object).reshape(out.shape[-2:])

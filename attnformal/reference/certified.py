@@ -35,6 +35,7 @@ midpoints keeps ``exp`` in range. Masks come from ``spec.allowed()`` and heads f
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -149,24 +150,35 @@ def certified_attention(q, k, v, grad_out=None, *, max_radius: float | None = No
         prec *= 2
 
 
-def _certified_packed(spec, q, k, v, grad_out, **options) -> CertifiedResult:
-    """A packed batch: each sequence certified as its own problem, the balls put back on its packed rows."""
+def _certified_packed(spec, q, k, v, grad_out, *, max_radius, **options) -> CertifiedResult:
+    """A packed batch: each sequence certified as its own problem (its own features' values,
+    ``spec.sequence(b)``), the balls put back on its packed rows; ``d sinks``, shared by every sequence, is
+    the sum of theirs, a ball sum (so each sequence meets ``max_radius / B`` when there is one)."""
     from attnformal.features import varlen
 
     if grad_out is not None and tuple(grad_out.shape) != (spec.len_q, spec.heads_q, spec.head_dim_v):
         raise SpecError("grad_out", f"a float tensor [Tq, Hq, Dv] = {[spec.len_q, spec.heads_q, spec.head_dim_v]} "
                                     "(packed)", _describe(grad_out))
+    summed = grad_out is not None and spec.sinks is not None
+    if summed and max_radius is not None:
+        max_radius = max_radius / spec.batch
     results = []
     for b, (q_rows, k_rows) in enumerate(varlen.sequence_rows(spec, q.device)):
         one = spec.sequence(b)
-        protocol = {"scale": one.scale, **{f.name: getattr(one, f.name) for f in FEATURES if not f.tensor}}
+        protocol = {"scale": one.scale, **{f.name: getattr(one, f.name) for f in FEATURES}}
         sub_grad = None if grad_out is None else varlen.unpack(grad_out, q_rows)
         results.append(certified_attention(varlen.unpack(q, q_rows), varlen.unpack(k, k_rows),
-                                           varlen.unpack(v, k_rows), sub_grad, **options, **protocol))
-    names = [n for name in results[0].fields() for n in (name, f"{name}_radius")]
+                                           varlen.unpack(v, k_rows), sub_grad, max_radius=max_radius, **options,
+                                           **protocol))
+    names = [n for name in results[0].fields() if name not in PARAMETER_FIELDS for n in (name, f"{name}_radius")]
     packed = varlen.pack(spec, [{n: getattr(r, n) for n in names} for r in results])
+    enclosure = max(r.enclosure_radius for r in results)
+    if summed:
+        balls = [fp64_balls.Ball(r.dsinks, r.dsinks_radius) for r in results]
+        packed["dsinks"], packed["dsinks_radius"] = functools.reduce(fp64_balls.add, balls)
+        enclosure = max(enclosure, sum(r.enclosure_radius for r in results))  # bounds the sum's before rounding
     return CertifiedResult(spec=spec, tier=", ".join(sorted({r.tier for r in results})),
-                           enclosure_radius=max(r.enclosure_radius for r in results), **packed)
+                           enclosure_radius=enclosure, **packed)
 
 
 def _meets(result: CertifiedResult, max_radius) -> bool:

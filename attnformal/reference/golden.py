@@ -335,9 +335,10 @@ def _verify_sample(path, spec: AttentionSpec, inputs: dict, reference: dict) -> 
 
 def _verify_packed(path, spec: AttentionSpec, inputs: dict, reference: dict) -> None:
     """A packed file: the whole batch recomputed (sequences are independent problems; a sample of one
-    would need its own slicing of every input), and every stored ball must overlap the fresh one."""
+    would need its own slicing of every input), and every stored ball must overlap the fresh one (d sinks,
+    the sum over every sequence, too)."""
     fresh = certified_attention(inputs["q"], inputs["k"], inputs["v"], inputs["grad_out"], **protocol_kwargs(spec))
-    for name in ("out", "lse", "dq"):
+    for name in ("out", "lse", "dq", *(["dsinks"] if "dsinks" in reference else [])):
         stored, radius = reference[name]
         value, fresh_radius = getattr(fresh, name), getattr(fresh, f"{name}_radius")
         apart = (stored - value).abs().nan_to_num(nan=0.0) > (radius + fresh_radius) * (1 + 2**-40)

@@ -267,7 +267,8 @@ def tiled_balls(problem: Problem, executor, progress=None) -> dict[str, Balls]:
     out = _zeros(spec.batch, spec.heads_q, spec.len_q, spec.head_dim_v)
     lse = _zeros(spec.batch, spec.heads_q, spec.len_q, 1)
     rows_of = {}  # (batches, rows) -> (lse, delta) of those rows, for the backward tasks
-    dsinks = None
+    # d sinks sums over the query rows: exactly 0 where there are none (an empty packed sequence)
+    dsinks = _zeros(spec.heads_q) if spec.sinks is not None and problem.grad_out is not None else None
     forward = done.wrap(executor.map(forward_task, problem, tasks))
     for chunk in _batched(zip(tasks, forward), problem.parts):
         task = chunk[0][0]
@@ -278,8 +279,7 @@ def tiled_balls(problem: Problem, executor, progress=None) -> dict[str, Balls]:
             delta = ops.rowsum(Balls(problem.grad_out[:, :, slice(*task.rows)][list(task.batches)]) * o)
             rows_of[task.batches, task.rows] = (row_lse, delta)
             if spec.sinks is not None:
-                part = _sink_grad(spec, row_lse, delta)
-                dsinks = part if dsinks is None else dsinks + part
+                dsinks = dsinks + _sink_grad(spec, row_lse, delta)
     balls = {"out": out, "lse": lse}
     if problem.grad_out is None:
         return balls

@@ -31,3 +31,15 @@ def assert_matches(name, got, ref, dtype):
     finite = ref[torch.isfinite(ref)].double().abs()
     magnitude = max(1.0, finite.max().item()) if finite.numel() else 1.0
     assert_attention_close(got, ref, dtype=dtype, rtol=rtol, atol=atol, magnitude=magnitude, name=name)
+
+
+def available_kernels() -> dict:
+    """``{name: attention}`` of the kernels at hand: torch-tiled, and triton-flash where Triton is installed."""
+    from attnformal.kernels import torch_tiled
+
+    kernels = {"torch-tiled": torch_tiled.attention}
+    try:
+        from attnformal.kernels import triton_flash
+    except ImportError:
+        return kernels
+    return {**kernels, "triton-flash": triton_flash.attention}

@@ -10,7 +10,7 @@ from attnformal.features import varlen
 from attnformal.oracle import attention_oracle, forward_backward
 from attnformal.schedule import TileSchedule
 from attnformal.spec import AttentionSpec, SpecError
-from kernel_checks import assert_matches
+from kernel_checks import assert_matches, available_kernels
 
 BLOCK = 16
 # Sequences of length 0, 1, block-1, block, block+1 (queries and keys differ per sequence).
@@ -89,27 +89,16 @@ def test_a_query_with_no_key_in_its_sequence_gives_zero_and_minus_infinity():
     assert torch.all(torch.isfinite(lse[:row]))  # control: sequence 0's queries do see keys
 
 
-def _kernels():
-    from attnformal.kernels import torch_tiled
-
-    kernels = {"torch-tiled": torch_tiled.attention}
-    try:
-        from attnformal.kernels import triton_flash
-    except ImportError:
-        return kernels
-    return {**kernels, "triton-flash": triton_flash.attention}
-
-
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16],
                          ids=lambda d: str(d).removeprefix("torch."))
 @pytest.mark.parametrize("mask", sorted(MASKS))
-@pytest.mark.parametrize("kernel", sorted(_kernels()))
+@pytest.mark.parametrize("kernel", sorted(available_kernels()))
 def test_kernel_matches_the_oracle_forward_and_backward(kernel, mask, dtype):
     q, k, v, dout = packed_problem(seed=3, dtype=dtype)
     keywords = {**cu_keywords(), **MASKS[mask]}
     ref = forward_backward(attention_oracle, q.double(), k.double(), v.double(), dout.double(), **keywords)
-    got = forward_backward(_kernels()[kernel], q, k, v, dout, schedule=TileSchedule(block_m=BLOCK, block_n=BLOCK),
-                           **keywords)
+    got = forward_backward(available_kernels()[kernel], q, k, v, dout,
+                           schedule=TileSchedule(block_m=BLOCK, block_n=BLOCK), **keywords)
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, ref):
         if dtype == torch.float64:
             finite = torch.isfinite(b)
@@ -155,6 +144,8 @@ BAD = [
     ("cu_seqlens_q", dict(cu_seqlens_q=torch.tensor(CQ, dtype=torch.float32)), "int32"),
     ("kv_lens", dict(kv_lens=[3, 1, 0, 0, 0, 0, 0]), "sequence 1 has 0"),
     ("cu_seqlens_q", dict(attn_mask=torch.ones(7, 4, 57, 61, dtype=torch.bool)), "attn_mask has the padded shape"),
+    ("cu_seqlens_q", dict(bias=torch.zeros(4, 1, 1, dtype=torch.float64)),
+     r"bias has the padded shape \[B, Hq, Sq, Sk\]; a packed batch has none"),
 ]
 
 
@@ -165,6 +156,19 @@ def test_bad_packed_call_is_one_error_naming_the_argument(argument, change, expe
     with pytest.raises(SpecError, match=expected) as caught:
         AttentionSpec.from_inputs(q, k, v, **keywords)
     assert caught.value.argument == argument
+
+
+def test_sequence_b_takes_its_row_of_the_slopes_and_the_shared_sinks():
+    q, k, v, _ = packed_problem(seed=8)
+    sinks = torch.tensor([0.5, -1.0, 0.0, 2.0], dtype=torch.float64)
+    slopes = torch.arange(28, dtype=torch.float64).reshape(7, 4)  # a different row per sequence
+    spec = AttentionSpec.from_inputs(q, k, v, **cu_keywords(), sinks=sinks, alibi_slopes=slopes)
+    for b in range(7):
+        one = spec.sequence(b)
+        assert one.sinks is sinks  # the caller's tensor in every sequence: autograd sums d sinks
+        assert torch.equal(one.alibi_slopes, slopes[b:b + 1])
+    shared = AttentionSpec.from_inputs(q, k, v, **cu_keywords(), alibi_slopes=slopes[3])  # [Hq]: every sequence's
+    assert all(torch.equal(shared.sequence(b).alibi_slopes, slopes[3:4]) for b in range(7))
 
 
 def test_packed_tensors_must_be_three_dimensional():

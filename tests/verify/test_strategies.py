@@ -102,9 +102,16 @@ SMALL = attn.shapes(batch=st.integers(1, 3), heads_kv=st.integers(1, 2), group=s
                     len_q=st.integers(0, 12), len_k=st.integers(0, 12), head_dim=st.sampled_from([4, 8]))
 TILED = functools.partial(attention, schedule=TileSchedule(block_m=4, block_n=4))  # several tiles a row and column
 ASKED = {"sinks": {"sinks": True}, "alibi_slopes": {"alibi_slopes": True}, "bias": {"bias": True},
-         "packed": {"packed": True, "attn_mask": False}}  # an explicit mask has no packed shape: never packed
+         "packed": {"packed": True, "attn_mask": False},  # an explicit mask has no packed shape: never packed
+         "packed scores": {"packed": True, "attn_mask": False, "sinks": True, "alibi_slopes": True}}
 FEW = settings(max_examples=15, derandomize=True, database=None, deadline=None,
                suppress_health_check=[HealthCheck.too_slow])
+# Packed [B, Hq] slopes of several sequences are one draw in about six (slopes, 2-D, B > 1): more examples.
+EXAMPLES = {"packed scores": 50}
+
+
+def few(name):
+    return settings(FEW, max_examples=EXAMPLES.get(name, FEW.max_examples))
 
 
 def feature_problems(name):
@@ -113,6 +120,9 @@ def feature_problems(name):
 
 
 def drawn(name, problem) -> bool:
+    if name == "packed scores":  # a packed batch with [B, Hq] slopes of several sequences
+        slopes = problem.kwargs.get("alibi_slopes")
+        return drawn("packed", problem) and slopes is not None and slopes.dim() == 2 and len(slopes) > 1
     keyword = "cu_seqlens_q" if name == "packed" else name
     return problem.kwargs.get(keyword) is not None
 
@@ -130,7 +140,7 @@ def assert_matches_reference(impl, problem, *, backward=True):
 def test_torch_tiled_matches_the_reference_on_each_drawn_feature(name):
     seen = []
 
-    @FEW
+    @few(name)
     @given(feature_problems(name))
     def matches(problem):
         seen.append(drawn(name, problem))
@@ -158,16 +168,24 @@ def one_sequence(q, k, v, *, cu_seqlens_q, cu_seqlens_k, return_lse=False, **kwa
     return (out, lse) if return_lse else out
 
 
+def slopes_row_0(q, k, v, *, alibi_slopes=None, **kwargs):
+    """A broken kernel: every packed sequence reads row 0 of ``[B, Hq]`` ALiBi slopes."""
+    if alibi_slopes is not None and alibi_slopes.dim() == 2:
+        alibi_slopes = alibi_slopes[0]
+    return TILED(q, k, v, alibi_slopes=alibi_slopes, **kwargs)
+
+
 CONTROLS = {"sinks": (ignoring("sinks"), {}), "alibi_slopes": (ignoring("alibi_slopes"), {}),
             "bias": (ignoring("bias"), {}),
-            "packed": (one_sequence, {"kv_lens": False, "prefix_lens": None})}  # per-batch values: one sequence
+            "packed": (one_sequence, {"kv_lens": False, "prefix_lens": None}),  # per-batch values: one sequence
+            "packed scores": (slopes_row_0, {})}
 
 
 @pytest.mark.parametrize("name", ASKED)
 def test_a_kernel_that_ignores_the_feature_fails_the_same_property(name):
     kernel, narrowed = CONTROLS[name]
 
-    @settings(FEW, phases=[Phase.generate])  # no shrinking: the failure itself is the point
+    @settings(few(name), phases=[Phase.generate])  # no shrinking: the failure itself is the point
     @given(attn.problems(dtype=torch.float32, shapes=SMALL, values="normal", **{**ASKED[name], **narrowed}))
     def matches(problem):
         # Forward: without the keyword the kernel has no gradient for sinks or bias, a contract error the
@@ -193,6 +211,7 @@ def forms(problem) -> set[str]:
         found.update(["bias broadcast [B, Hq, Sq, Sk]"] if kw["bias"].dim() == 4 and kw["bias"].shape != full else [])
     if "cu_seqlens_q" in kw:
         found.add(f"cu as {type(kw['cu_seqlens_k']).__name__}")
+        found.update(f"packed with {name}" for name in ("sinks", "alibi_slopes") if name in kw)
         found.update(["an empty sequence"] if 0 in torch.as_tensor(kw["cu_seqlens_k"]).diff() else [])
     return found
 
@@ -202,12 +221,13 @@ def test_the_declarations_draw_every_form_of_their_values():
 
     @settings(max_examples=150, derandomize=True, database=None, deadline=None)  # no kernel: cheap
     @given(scores=attn.problems(shapes=SMALL, sinks=True, alibi_slopes=True, bias=True),
-           packs=attn.problems(shapes=SMALL, attn_mask=False, packed=True))
+           packs=attn.problems(shapes=SMALL, attn_mask=False, packed=True, sinks=True, alibi_slopes=True))
     def draw(scores, packs):
         scores.spec, packs.spec  # valid protocol calls
         seen.update(forms(scores) | forms(packs))
 
     draw()
     expected = {"sink -inf", "sinks finite", "slopes 1-D", "slopes 2-D", *(f"bias {n}-D" for n in range(5)),
-                "bias broadcast [B, Hq, Sq, Sk]", "cu as list", "cu as Tensor", "an empty sequence"}
+                "bias broadcast [B, Hq, Sq, Sk]", "cu as list", "cu as Tensor", "an empty sequence",
+                "packed with sinks", "packed with alibi_slopes"}
     assert expected <= seen, f"never drawn: {sorted(expected - seen)}"

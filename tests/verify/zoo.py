@@ -55,6 +55,7 @@ ZOO = [
     Specimen("scale_ignored", "scale_ignored", "the scale argument is ignored (1/sqrt(D) always)"),
     Specimen("kv_lens_ignored", "kv_lens_ignored", "kv_lens is ignored"),
     Specimen("packed_leak", "packed_boundary_leak", "each packed sequence also reads the next sequence's first key"),
+    Specimen("packed_slopes_row0", "batch_indexing", "every packed sequence reads row 0 of [B, Hq] ALiBi slopes"),
     Specimen("chunk_off_by_one", "chunk_off_by_one", "chunks start one key late (key j in chunk (j - 1) // C)"),
     Specimen("prefix_wrong_batch", "prefix_wrong", "batch b uses the prefix length of batch b + 1"),
     Specimen("strides_ignored", "strides_ignored", "inputs are read as if contiguous"),
@@ -95,9 +96,10 @@ def attention(q, k, v, *, scale=None, causal=None, window=None, attn_mask=None, 
         AttentionSpec.from_inputs(q, k, v, scale=scale, causal=causal, window=window, kv_lens=kv_lens, softcap=softcap,
                                   cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, sinks=sinks,
                                   alibi_slopes=alibi_slopes, bias=bias, **features)  # refuses what packing lacks
-        keywords = dict(scale=scale, causal=causal, window=window, softcap=softcap, chunk_size=chunk_size)
+        keywords = dict(scale=scale, causal=causal, window=window, softcap=softcap, chunk_size=chunk_size, sinks=sinks)
         per_batch = {"kv_lens": kv_lens, "prefix_lens": prefix_lens}
-        return _packed(q, k, v, list(cu_seqlens_q), list(cu_seqlens_k), per_batch, keywords, return_lse, bug)
+        return _packed(q, k, v, list(cu_seqlens_q), list(cu_seqlens_k), per_batch, alibi_slopes, keywords,
+                       return_lse, bug)
     spec = AttentionSpec.from_inputs(q, k, v, scale=scale, causal=causal, window=window, attn_mask=attn_mask,
                                      kv_lens=kv_lens, softcap=softcap, dropout_p=dropout_p, dropout_mask=dropout_mask,
                                      chunk_size=chunk_size, prefix_lens=prefix_lens, sinks=sinks,
@@ -114,13 +116,16 @@ def attention(q, k, v, *, scale=None, causal=None, window=None, attn_mask=None, 
     return (out, lse) if return_lse else out
 
 
-def _packed(q, k, v, cu_q, cu_k, per_batch, keywords, return_lse, bug):
-    """Sequence by sequence, sliced here from the offsets (packed [T, H, D] -> [1, H, S, D] and back)."""
+def _packed(q, k, v, cu_q, cu_k, per_batch, slopes, keywords, return_lse, bug):
+    """Sequence by sequence, sliced here from the offsets (packed [T, H, D] -> [1, H, S, D] and back); every
+    sequence takes the sinks, and its own row of [B, Hq] ALiBi slopes."""
     outs, lses = [], []
     for b in range(len(cu_q) - 1):
         end_k = cu_k[b + 1] + (1 if bug == "packed_leak" and cu_k[b + 1] < k.shape[0] else 0)  # next sequence's key
         one = [t.transpose(0, 1)[None] for t in (q[cu_q[b]:cu_q[b + 1]], k[cu_k[b]:end_k], v[cu_k[b]:end_k])]
         entries = {name: None if value is None else [value[b]] for name, value in per_batch.items()}
+        if slopes is not None:
+            entries["alibi_slopes"] = slopes if slopes.dim() == 1 else slopes[0 if bug == "packed_slopes_row0" else b]
         out, lse = attention(*one, return_lse=True, **entries, **keywords)
         outs.append(out[0].transpose(0, 1))
         lses.append(lse[0].transpose(0, 1))

@@ -1,10 +1,13 @@
 """Packed variable-length batches (``cu_seqlens_q``, ``cu_seqlens_k``; :mod:`attnformal.features.varlen`).
 
 A packed case holds sequences of 0, 1, block - 1, block and block + 1 tokens (queries and keys of
-different lengths), under each mask family that applies per sequence. It is judged against the
-reference element by element (each sequence's own reference, on its packed rows), and by a
-metamorphic relation: packing the same sequences in reverse order must give every sequence the same
-result. A sequence whose output changes with its neighbours reads a key of another sequence.
+different lengths), under each mask family that applies per sequence, and with sinks (shared by every
+sequence: d sinks sums over them) and ALiBi slopes ``[B, Hq]`` (row ``b`` for sequence ``b``); an
+implementation that refuses those leaves their cases unsupported. It is judged against the reference
+element by element (each sequence's own reference, on its packed rows), and by a metamorphic relation:
+packing the same sequences in reverse order (per-sequence values with them) must give every sequence
+the same result. A sequence whose output changes with its neighbours reads a key of another sequence
+-- or, when its output is what every sequence reading sequence 0's slopes gives, the wrong row of slopes.
 
 An implementation that refuses ``cu_seqlens_q`` (``NotImplementedError``, or no such keyword) makes
 the check unsupported: the call is its own capability probe (a padded probe cannot carry the layout).
@@ -17,8 +20,9 @@ import itertools
 import torch
 
 from attnformal.testing import compare_attention, tolerance_for
-from attnformal.verify.cases import generator, make_case, randn
+from attnformal.verify.cases import Shape, generator, make_case, randn
 from attnformal.verify.checks import check
+from attnformal.verify.checks.score_state import _sinks, _slopes
 from attnformal.verify.diagnosis import DEFINITIVE
 
 HEADS_Q, HEADS_KV, HEAD_DIM = 2, 1, 32
@@ -27,6 +31,8 @@ FAMILIES = {  # name -> (keywords, lengths block-relative: the key lengths diffe
     "causal bottom-right": {"causal": "bottom_right"},
     "window (5, 2)": {"window": (5, 2)},
     "causal + kv_lens": {"causal": "bottom_right", "kv_lens": "half"},
+    "causal + sinks": {"causal": "bottom_right", "sinks": "per head"},
+    "window (5, 2) + ALiBi per sequence": {"window": (5, 2), "alibi_slopes": "per sequence"},
 }
 
 
@@ -45,6 +51,12 @@ def packed_case(run, name, len_q, len_k, keywords):
     keywords = dict(keywords)
     if keywords.get("kv_lens") == "half":
         keywords["kv_lens"] = [(n + 1) // 2 for n in len_k]
+    sequences = Shape(len(len_q), HEADS_Q, HEADS_KV, max(len_q), max(len_k), HEAD_DIM, HEAD_DIM)
+    scores = generator(run.seed(name, "tensors"))
+    if keywords.get("sinks") == "per head":  # in the case's dtype, as the padded checks pass them
+        keywords["sinks"] = _sinks(sequences, scores).to(run.dtype)
+    if keywords.get("alibi_slopes") == "per sequence":  # a different row per sequence
+        keywords["alibi_slopes"] = _slopes(sequences, scores, per_batch=True)
     cu = {"cu_seqlens_q": [0, *itertools.accumulate(len_q)], "cu_seqlens_k": [0, *itertools.accumulate(len_k)]}
     return make_case(name, q, k, v, run.dtype, run.device, run.seed(name), grad_out=randn(gen, tq, HEADS_Q, HEAD_DIM),
                      **cu, **keywords)
@@ -60,6 +72,8 @@ def reversed_packing(case, len_q, len_k):
     kw["cu_seqlens_k"] = [0, *itertools.accumulate(len_k[::-1])]
     if "kv_lens" in kw:
         kw["kv_lens"] = list(kw["kv_lens"])[::-1]
+    if "alibi_slopes" in kw:  # [B, Hq]: the rows go with their sequences
+        kw["alibi_slopes"] = kw["alibi_slopes"].flip(0)
     moved = case.with_(name=f"{case.name}, sequences in reverse order", kwargs=kw,
                        q=torch.cat(blocks(case.q, len_q)[::-1]), k=torch.cat(blocks(case.k, len_k)[::-1]),
                        v=torch.cat(blocks(case.v, len_k)[::-1]))
@@ -80,6 +94,10 @@ def packed_sequences(run):
         record = run.against_reference(case, lse=_has(run, "lse"), backward=_has(run, "backward"))
         if record is None:
             continue
+        if _reads_first_slopes(run, case, record):
+            run.find("batch_indexing", DEFINITIVE, f"{case.name}: every packed sequence reads sequence 0's ALiBi "
+                                                   "slopes (its output is that reference's)")
+            continue
         moved, back = reversed_packing(case, len_q, len_k)
         observed = run.observe(moved)
         if observed is None:
@@ -92,6 +110,16 @@ def packed_sequences(run):
             run.find("packed_boundary_leak", DEFINITIVE,
                      f"{case.name}: a sequence's output changes when the sequences packed next to it change "
                      "(it reads a key of another sequence)")
+
+
+def _reads_first_slopes(run, case, record) -> bool:
+    """Whether a failing case's output is the reference of every sequence reading row 0 of the slopes."""
+    slopes = case.kwargs.get("alibi_slopes")
+    if record.status != "FAIL" or slopes is None:
+        return False
+    first = run.expected(case.with_(kwargs={**case.kwargs, "alibi_slopes": slopes[:1].expand_as(slopes)}))
+    return compare_attention(record.observed.out, first.values["out"], dtype=run.dtype,
+                             magnitude=first.magnitude["out"], name="out").passed
 
 
 def _has(run, feature: str) -> bool:

@@ -41,7 +41,9 @@ def parser() -> argparse.ArgumentParser:
                    description="Run the conformance battery on an attention implementation and print the verdict "
                                "(exit 0 PASS, 1 FAIL, 2 usage error, 3 too little verified, 130 interrupted).")
     p.add_argument("--impl", help="MODULE:FUNC, FILE.py:FUNC or an alias (--list)")
-    p.add_argument("--dtypes", nargs="+", metavar="D", help=f"dtypes, by spaces or commas ({DEFAULT_DTYPES})")
+    # the list options accumulate when repeated (--only a --only b), as they do in one list
+    p.add_argument("--dtypes", nargs="+", action="extend", metavar="D",
+                   help=f"dtypes, by spaces or commas ({DEFAULT_DTYPES})")
     p.add_argument("--device", default="cpu", help="torch device of the inputs (%(default)s)")
     p.add_argument("--profile", choices=("quick", "full"), default="quick",
                    help="quick: small cases; full: larger, >= 8k keys")
@@ -49,8 +51,10 @@ def parser() -> argparse.ArgumentParser:
                    help=f"{', '.join(PROFILES)} (%(default)s)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="run seed; every case's derives from it (0)")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failing check")
-    p.add_argument("--require", nargs="+", metavar="F", help="features that must be supported (--list)")
-    p.add_argument("--only", nargs="+", metavar="PATTERN", help="run only checks matching globs ('mask.*')")
+    p.add_argument("--require", nargs="+", action="extend", metavar="F",
+                   help="features that must be supported (--list)")
+    p.add_argument("--only", nargs="+", action="extend", metavar="PATTERN",
+                   help="run only checks matching globs ('mask.*')")
     p.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
                    help="each check in a worker process: a crash or a hang fails it (default: not for aliases)")
     p.add_argument("--case-timeout", type=cli.seconds, default=300.0, metavar="S",

@@ -95,6 +95,15 @@ def test_unsupported_is_neither_pass_nor_fail_unless_required(capsys, tmp_path):
     assert "required feature lse refused in float32: torch SDPA does not return the log-sum-exp" in out
 
 
+def test_a_repeated_list_option_adds_to_the_list(capsys, tmp_path):
+    """``--only a --only b`` runs both (argparse's default would silently keep the last)."""
+    code, out = run(capsys, "--impl", "sdpa-math", "--only", "hand.uniform_logits", "--only", "hand.single_token",
+                    "--dtypes", "float32", "--dtypes", "bfloat16", "--repro-dir", tmp_path)
+    assert code == 0, out
+    assert "hand.uniform_logits" in out and "hand.single_token" in out
+    assert "bfloat16" in out and "float32" in out
+
+
 def test_require_blames_the_feature_the_kernel_refuses_not_the_others_of_the_case(capsys, tmp_path):
     """Own-mask dropout with a backward is refused because of the dropout: --require backward holds."""
     argv = ("--impl", "torch-tiled", "--dtypes", "float32", "--only", "dropout.*", "--repro-dir", tmp_path)

@@ -22,7 +22,7 @@ import torch
 from attnformal.testing import compare_attention, tolerance_for
 from attnformal.verify.cases import Shape, generator, make_case, randn
 from attnformal.verify.checks import check
-from attnformal.verify.checks.score_state import _sinks, _slopes
+from attnformal.verify.checks.score_state import alibi_slopes_for, sink_logits
 from attnformal.verify.diagnosis import DEFINITIVE
 
 HEADS_Q, HEADS_KV, HEAD_DIM = 2, 1, 32
@@ -54,9 +54,9 @@ def packed_case(run, name, len_q, len_k, keywords):
     sequences = Shape(len(len_q), HEADS_Q, HEADS_KV, max(len_q), max(len_k), HEAD_DIM, HEAD_DIM)
     scores = generator(run.seed(name, "tensors"))
     if keywords.get("sinks") == "per head":  # in the case's dtype, as the padded checks pass them
-        keywords["sinks"] = _sinks(sequences, scores).to(run.dtype)
+        keywords["sinks"] = sink_logits(sequences, scores).to(run.dtype)
     if keywords.get("alibi_slopes") == "per sequence":  # a different row per sequence
-        keywords["alibi_slopes"] = _slopes(sequences, scores, per_batch=True)
+        keywords["alibi_slopes"] = alibi_slopes_for(sequences, scores, per_batch=True)
     cu = {"cu_seqlens_q": [0, *itertools.accumulate(len_q)], "cu_seqlens_k": [0, *itertools.accumulate(len_k)]}
     return make_case(name, q, k, v, run.dtype, run.device, run.seed(name), grad_out=randn(gen, tq, HEADS_Q, HEAD_DIM),
                      **cu, **keywords)

@@ -34,7 +34,7 @@ def _case(run, name, sh, *, grad=False, tensors=None, **kw):
     return random_case(name, sh, run.dtype, run.device, run.seed(name), grad=grad, **kw).with_(adapted=notes)
 
 
-def _sinks(sh, gen, *, minus_inf_head=True):
+def sink_logits(sh, gen, *, minus_inf_head=True):
     """One logit per query head (the last head without a sink when ``minus_inf_head``)."""
     sinks = randn(gen, sh.heads_q)
     if minus_inf_head and sh.heads_q > 1:
@@ -42,7 +42,7 @@ def _sinks(sh, gen, *, minus_inf_head=True):
     return sinks
 
 
-def _slopes(sh, gen, per_batch=False):
+def alibi_slopes_for(sh, gen, per_batch=False):
     """ALiBi's geometric slopes 2^(-8 (h + 1) / Hq), per batch element scaled differently when asked."""
     slopes = 2.0 ** (-8.0 * torch.arange(1, sh.heads_q + 1, dtype=torch.float64) / sh.heads_q)
     if per_batch:
@@ -74,7 +74,7 @@ def sink_closed_forms(run):
     run.against_reference(case, lse=True, expected=_with_closed_form(run, case, out=out, lse=z.log()))
 
     zero = _case(run, "every value 0", shape(2, 2, 2, 20, 37, 16), causal="bottom_right",
-                 tensors=lambda sh, gen: {"sinks": _sinks(sh, gen)})
+                 tensors=lambda sh, gen: {"sinks": sink_logits(sh, gen)})
     zero = zero.with_(v=torch.zeros_like(zero.v))
     record = run.against_reference(zero, expected=_with_closed_form(run, zero, out=torch.zeros(
         zero.spec.batch, zero.spec.heads_q, zero.spec.len_q, zero.spec.head_dim_v, dtype=torch.float64)))
@@ -94,7 +94,7 @@ def sinks(run):
                          ("sinks + causal + kv_lens", shape(2, 4, 2, 40, 30, 32),
                           {"causal": "top_left", "kv_lens": [30, 7]}),
                          ("sinks + window", shape(1, 2, 2, 64, 64, 32), {"window": (8, 0)})]:
-        run.against_reference(_case(run, name, sh, tensors=lambda sh, gen: {"sinks": _sinks(sh, gen)}, **kw),
+        run.against_reference(_case(run, name, sh, tensors=lambda sh, gen: {"sinks": sink_logits(sh, gen)}, **kw),
                               lse=True)
 
 
@@ -108,8 +108,8 @@ def alibi(run):
          {"kv_lens": [45, 17], "causal": "bottom_right"}, True),
         ("alibi + softcap", shape(1, 2, 2, 33, 40, 32), {"softcap": 5.0}, False),
     ]:
-        case = _case(run, name, sh, tensors=lambda sh, gen, pb=per_batch: {"alibi_slopes": _slopes(sh, gen, pb)},
-                     **kw)
+        case = _case(run, name, sh, **kw,
+                     tensors=lambda sh, gen, pb=per_batch: {"alibi_slopes": alibi_slopes_for(sh, gen, pb)})
         run.against_reference(case)
 
 
@@ -131,12 +131,12 @@ def gradients(run):
     """dQ, dK, dV, d sinks and d bias against the reference (sinks, ALiBi, bias; alone and together)."""
     both = shape(2, 4, 2, 30, 45, 32)
     for name, sh, kw, tensors in [
-        ("sinks", shape(2, 2, 2, 33, 47, 32), {"kv_lens": [47, 0]}, lambda sh, gen: {"sinks": _sinks(sh, gen)}),
-        ("alibi", shape(2, 2, 2, 24, 61, 32), {}, lambda sh, gen: {"alibi_slopes": _slopes(sh, gen)}),
+        ("sinks", shape(2, 2, 2, 33, 47, 32), {"kv_lens": [47, 0]}, lambda sh, gen: {"sinks": sink_logits(sh, gen)}),
+        ("alibi", shape(2, 2, 2, 24, 61, 32), {}, lambda sh, gen: {"alibi_slopes": alibi_slopes_for(sh, gen)}),
         ("bias [Hq, Sq, 1]", shape(2, 2, 2, 33, 47, 32), {"causal": "bottom_right"},
          lambda sh, gen: {"bias": randn(gen, sh.heads_q, sh.len_q, 1)}),
         ("all three + softcap", both, {"softcap": 5.0, "causal": "bottom_right"},
-         lambda sh, gen: {"sinks": _sinks(sh, gen), "alibi_slopes": _slopes(sh, gen, True),
+         lambda sh, gen: {"sinks": sink_logits(sh, gen), "alibi_slopes": alibi_slopes_for(sh, gen, True),
                           "bias": randn(gen, sh.batch, 1, sh.len_q, sh.len_k)}),
     ]:
         run.against_reference(_case(run, name, sh, grad=True, tensors=tensors, **kw), backward=True)

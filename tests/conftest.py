@@ -12,6 +12,11 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# torch reads ATEN_CPU_CAPABILITY once, at its first kernel dispatch: fix the vector path now, so that a
+# test setting that variable (for a message) cannot switch this whole process to another path when
+# it happens to come first -- its results would then differ from the worker processes' it is compared with.
+torch.backends.cpu.get_cpu_capability()
+
 # Modules whose verdicts rest on floating-point results: `make test` runs them again under each
 # of torch's CPU vector paths (ATEN_CPU_CAPABILITY=default, avx2, avx512), so an assumption that
 # holds on one instruction set only fails here rather than on a user's machine.

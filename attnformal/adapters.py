@@ -261,58 +261,67 @@ def triton_flash(q, k, v, **kwargs):
 # ---------------------------------------------------------------- flash_attn (CUDA)
 
 
-@adapter({"causal", "window", "softcap", "dropout_p"})  # it draws its own dropout mask
-def flash_attn(spec, q, k, v, return_lse):
-    """flash_attn.flash_attn_func ([B, S, H, D] layout, causal and window aligned bottom-right)."""
-    flash_attn_func = _optional("flash_attn").flash_attn_func
-    _refuse(q.device.type != "cuda", "flash_attn runs on CUDA only")
-    _refuse(q.dtype not in (torch.float16, torch.bfloat16), "flash_attn supports fp16 and bf16 only")
-    _refuse(spec.head_dim_v != spec.head_dim, "flash_attn needs Dv = D")
-    _refuse(spec.causal == "top_left" and spec.len_q != spec.len_k, "flash_attn's causal mask is bottom-right")
-    left, right = spec.window if spec.window is not None else (-1, -1)
-    result = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=spec.dropout_p,
-                             softmax_scale=spec.scale, causal=spec.causal is not None,
-                             window_size=(max(left, -1), max(right, -1)), softcap=spec.softcap or 0.0,
-                             return_attn_probs=return_lse)
-    if not return_lse:
-        return result.transpose(1, 2)
-    out, lse, _ = result
-    return out.transpose(1, 2), lse
+# Both adapters follow flash-attention at commit 0251105a2fb19d2957484b7f023cd8c115286ced
+# (flash_attn/flash_attn_interface.py, csrc/flash_attn/src/). FLASH_ATTN_DEVICES: where flash_attn runs
+# (tests/verify/test_adapters.py adds "cpu" for a stand-in module written from its documentation).
+FLASH_ATTN_DEVICES = ("cuda",)
 
 
-@adapter({"causal", "window", "softcap", "dropout_p", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_k"})
-def flash_attn_varlen(spec, q, k, v, return_lse):
-    """flash_attn.flash_attn_varlen_func (packed [T, H, D], cu_seqlens int32; lse [Hq, Tq] transposed to the
-    protocol's [Tq, Hq]). Each sequence's causal and window alignment is bottom-right, as the spec's.
-
-    ALiBi: ``alibi_slopes`` fp32 ``[B, Hq]``, row ``b`` for sequence ``b`` with its own lengths, as the spec's
-    ``spec.sequence(b)`` (flash-attention commit 0251105a2fb19d2957484b7f023cd8c115286ced:
-    ``flash_attn/flash_attn_interface.py`` ``flash_attn_varlen_func``; ``csrc/flash_attn/src/flash_fwd_kernel.h``
-    reads ``alibi_slopes[bidb * batch_stride + bidh]`` with ``binfo.actual_seqlen_k/q``). With causal its
-    kernel adds ``slope * j`` instead (``csrc/flash_attn/src/mask.h``): the same out, an lse shifted per row,
+def _flash_attn_common(spec, q, return_lse, lengths) -> dict:
+    """The refusals and keywords both flash_attn entry points share; ``lengths``: ``(len_q, len_k)`` per
+    sequence. ALiBi: fp32 ``[B, Hq]``, row ``b`` for batch element (sequence) ``b`` with its own lengths
+    (``flash_fwd_kernel.h`` reads ``alibi_slopes[bidb * batch_stride + bidh]``, ``binfo.actual_seqlen_k/q``);
+    with causal the kernel adds ``slope * j`` instead (``mask.h``): the same out, an lse shifted per row,
     so that lse is refused."""
-    varlen_func = _optional("flash_attn").flash_attn_varlen_func
-    _refuse(not spec.packed, "flash_attn_varlen_func takes a packed batch (cu_seqlens_q/k)")
-    _refuse(q.device.type != "cuda", "flash_attn runs on CUDA only")
+    _refuse(q.device.type not in FLASH_ATTN_DEVICES, "flash_attn runs on CUDA only")
     _refuse(q.dtype not in (torch.float16, torch.bfloat16), "flash_attn supports fp16 and bf16 only")
     _refuse(spec.head_dim_v != spec.head_dim, "flash_attn needs Dv = D")
-    lengths = [spec.sequence_lengths(b) for b in range(spec.batch)]
     _refuse(spec.causal == "top_left" and any(lq != lk for lq, lk in lengths),
             "flash_attn's causal mask is bottom-right")
     alibi = spec.alibi_slopes
     _refuse(return_lse and alibi is not None and spec.causal is not None,
             "flash_attn's causal ALiBi adds slope * j: its lse is shifted per row (out alone is the spec's)")
-    cu_q, cu_k = (torch.tensor(cu, dtype=torch.int32, device=q.device) for cu in (spec.cu_seqlens_q, spec.cu_seqlens_k))
     left, right = spec.window if spec.window is not None else (-1, -1)
-    result = varlen_func(q, k, v, cu_q, cu_k, max(lq for lq, _ in lengths), max(lk for _, lk in lengths),
-                         dropout_p=spec.dropout_p, softmax_scale=spec.scale, causal=spec.causal is not None,
-                         window_size=(max(left, -1), max(right, -1)), softcap=spec.softcap or 0.0,
-                         alibi_slopes=None if alibi is None else alibi.to(q.device, torch.float32).contiguous(),
-                         return_attn_probs=return_lse)
+    return dict(dropout_p=spec.dropout_p, softmax_scale=spec.scale, causal=spec.causal is not None,
+                window_size=(max(left, -1), max(right, -1)), softcap=spec.softcap or 0.0,
+                alibi_slopes=None if alibi is None else alibi.to(q.device, torch.float32).contiguous(),
+                return_attn_probs=return_lse)
+
+
+def _spec_lse(lse):
+    """flash_attn's lse in the spec's convention: a row with no allowed key has lse ``+inf`` there
+    (``softmax.h``: ``sum == 0`` gives ``Split ? -INFINITY : INFINITY``, so it depends on the kernel's
+    split heuristic), ``-inf`` (log 0) in the spec."""
+    return lse.masked_fill(lse == math.inf, -math.inf)
+
+
+@adapter({"causal", "window", "softcap", "dropout_p", "alibi_slopes"})  # it draws its own dropout mask
+def flash_attn(spec, q, k, v, return_lse):
+    """flash_attn.flash_attn_func ([B, S, H, D] layout, causal and window aligned bottom-right)."""
+    flash_attn_func = _optional("flash_attn").flash_attn_func
+    keywords = _flash_attn_common(spec, q, return_lse, [(spec.len_q, spec.len_k)])
+    result = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **keywords)
+    if not return_lse:
+        return result.transpose(1, 2)
+    out, lse, _ = result
+    return out.transpose(1, 2), _spec_lse(lse)
+
+
+@adapter({"causal", "window", "softcap", "dropout_p", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_k"})
+def flash_attn_varlen(spec, q, k, v, return_lse):
+    """flash_attn.flash_attn_varlen_func (packed [T, H, D], cu_seqlens int32; lse [Hq, Tq] transposed to the
+    protocol's [Tq, Hq]). Each sequence's causal, window and ALiBi alignment is its own bottom-right, as the
+    spec's ``spec.sequence(b)``."""
+    varlen_func = _optional("flash_attn").flash_attn_varlen_func
+    _refuse(not spec.packed, "flash_attn_varlen_func takes a packed batch (cu_seqlens_q/k)")
+    lengths = [spec.sequence_lengths(b) for b in range(spec.batch)]
+    keywords = _flash_attn_common(spec, q, return_lse, lengths)
+    cu_q, cu_k = (torch.tensor(cu, dtype=torch.int32, device=q.device) for cu in (spec.cu_seqlens_q, spec.cu_seqlens_k))
+    result = varlen_func(q, k, v, cu_q, cu_k, max(lq for lq, _ in lengths), max(lk for _, lk in lengths), **keywords)
     if not return_lse:
         return result
     out, lse, _ = result
-    return out, lse.transpose(0, 1)
+    return out, _spec_lse(lse.transpose(0, 1))
 
 
 # ---------------------------------------------------------------- xformers

@@ -179,3 +179,104 @@ def test_triton_adapter_runs_cpu_tensors_under_the_interpreter():
     assert run(TRITON_ON_CPU).split() == ["1", "(1,", "1,", "20,", "16)"]
     # Too late to switch to the interpreter once the kernels are decorated: unsupported, with the reason.
     assert "run only under the Triton interpreter" in run(TRITON_IMPORTED_WITHOUT_INTERPRETER)
+
+
+def fake_flash_attn_dense(q, k, v, *, softmax_scale, causal, window_size, softcap, alibi_slopes, flip_window=False):
+    """One batch element of flash_attn's documented contract in plain torch: q ``[Sq, Hq, D]``, k, v
+    ``[Sk, Hkv, D]``; bottom-right causal and window ``(left, right)`` (-1: unbounded); softcap on the
+    scaled scores; ALiBi ``slopes [Hq]``: ``-slope * |i + Sk - Sq - j|``, or ``+slope * j`` with causal
+    (``mask.h``); an empty row gives out 0 and lse ``+inf`` (``softmax.h``, unsplit). ``flip_window``: the
+    negative control, left and right read the other way round. Returns out ``[Sq, Hq, D]``, lse ``[Hq, Sq]``."""
+    len_q, len_k = q.shape[0], k.shape[0]
+    group = q.shape[1] // k.shape[1]
+    k, v = (t.float().repeat_interleave(group, 1) for t in (k, v))
+    s = softmax_scale * torch.einsum("ihd,jhd->hij", q.float(), k)
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    diagonal = torch.arange(len_q)[:, None] + len_k - len_q  # the key on row i's bottom-right diagonal
+    j = torch.arange(len_k)[None, :]
+    if alibi_slopes is not None:
+        slope = alibi_slopes.float()[:, None, None]
+        s = s + (slope * j if causal else -slope * (diagonal - j).abs())
+    left, right = window_size[::-1] if flip_window else window_size
+    keep = torch.ones(len_q, len_k, dtype=torch.bool)
+    if causal:
+        keep &= j <= diagonal
+    if left >= 0:
+        keep &= j >= diagonal - left
+    if right >= 0:
+        keep &= j <= diagonal + right
+    s = s.masked_fill(~keep, -math.inf)
+    row_max = s.amax(-1, keepdim=True) if len_k else s.sum(-1, keepdim=True)
+    e = torch.exp(s - torch.where(torch.isfinite(row_max), row_max, 0.0))
+    total = e.sum(-1, keepdim=True)
+    out = torch.einsum("hij,jhd->ihd", e / torch.where(total > 0, total, 1.0), v)
+    lse = torch.where(total > 0, torch.log(total) + torch.where(torch.isfinite(row_max), row_max, 0.0), math.inf)
+    return out.to(q.dtype), lse[..., 0]
+
+
+def fake_flash_attn(**control):
+    """A stand-in ``flash_attn`` module: flash_attn_func ([B, S, H, D], lse [B, Hq, Sq]) and
+    flash_attn_varlen_func (packed, lse [Hq, Tq]) over :func:`fake_flash_attn_dense`."""
+    def keywords(scale, causal, window_size, softcap, alibi_slopes, b):
+        slopes = None if alibi_slopes is None else alibi_slopes[b] if alibi_slopes.dim() == 2 else alibi_slopes
+        return dict(softmax_scale=scale, causal=causal, window_size=window_size, softcap=softcap,
+                    alibi_slopes=slopes, **control)
+
+    def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                        softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+        assert dropout_p == 0.0 and q.dtype in (torch.float16, torch.bfloat16)
+        scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+        parts = [fake_flash_attn_dense(q[b], k[b], v[b], **keywords(scale, causal, window_size, softcap,
+                                                                     alibi_slopes, b)) for b in range(q.shape[0])]
+        out = torch.stack([o for o, _ in parts])
+        return (out, torch.stack([lse for _, lse in parts]), None) if return_attn_probs else out
+
+    def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                               softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                               alibi_slopes=None, deterministic=False, return_attn_probs=False):
+        assert cu_seqlens_q.dtype == torch.int32 and dropout_p == 0.0
+        scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+        spans = list(zip(pairwise(cu_seqlens_q.tolist()), pairwise(cu_seqlens_k.tolist())))
+        assert max_seqlen_q == max(b - a for (a, b), _ in spans) and max_seqlen_k == max(b - a for _, (a, b) in spans)
+        parts = [fake_flash_attn_dense(q[q0:q1], k[k0:k1], v[k0:k1], **keywords(scale, causal, window_size, softcap,
+                                                                                alibi_slopes, b))
+                 for b, ((q0, q1), (k0, k1)) in enumerate(spans)]
+        out = torch.cat([o for o, _ in parts])
+        return (out, torch.cat([lse for _, lse in parts], dim=1), None) if return_attn_probs else out
+
+    return types.SimpleNamespace(flash_attn_func=flash_attn_func, flash_attn_varlen_func=flash_attn_varlen_func)
+
+
+FLASH_ATTN_CHECKS = ("hand.*", "fwd.gqa", "fwd.lengths", "fwd.empty", "mask.*", "lse.values", "fwd.softcap",
+                     "fwd.alibi", "softmax.*")
+
+
+def flash_attn_battery(monkeypatch, impl, only=FLASH_ATTN_CHECKS, **control):
+    monkeypatch.setitem(sys.modules, "flash_attn", fake_flash_attn(**control))
+    monkeypatch.setattr(adapters, "FLASH_ATTN_DEVICES", ("cuda", "cpu"))
+    return run_battery(Settings(impl=impl, impl_name="fake flash_attn", dtypes=(torch.bfloat16,), only=only))
+
+
+@pytest.mark.parametrize("impl", [adapters.flash_attn, adapters.flash_attn_varlen], ids=lambda f: f.__name__)
+def test_flash_attn_adapters_pass_with_flash_attns_documented_semantics(monkeypatch, impl):
+    """Layouts, the bottom-right masks, softcap, ALiBi and lse (transposed, +inf on empty rows) as flash_attn
+    documents them pass the battery through the adapters; the negative control swaps the window's sides."""
+    only, key = (("mask.packed",), "mask.packed") if impl is adapters.flash_attn_varlen else (FLASH_ATTN_CHECKS,
+                                                                                             "lse.values")
+    report = flash_attn_battery(monkeypatch, impl, only)
+    assert report.passed, render(report)
+    assert {r.check: r.status for r in report.results}[key] == "pass", render(report)  # really run, not refused
+    assert not flash_attn_battery(monkeypatch, impl, only, flip_window=True).passed
+
+
+def test_flash_attn_lse_of_an_empty_row_is_the_specs(monkeypatch):
+    """flash_attn's lse is +inf on a row with no key; the adapter gives the spec's -inf (without it, caught)."""
+    monkeypatch.setitem(sys.modules, "flash_attn", fake_flash_attn())
+    monkeypatch.setattr(adapters, "FLASH_ATTN_DEVICES", ("cuda", "cpu"))
+    q, k = torch.randn(1, 2, 5, 16, dtype=torch.bfloat16), torch.randn(1, 2, 2, 16, dtype=torch.bfloat16)
+    out, lse = adapters.flash_attn(q, k, k, causal="bottom_right", return_lse=True)
+    assert torch.equal(lse[0, :, :3], torch.full((2, 3), -math.inf)) and bool(torch.isfinite(lse[0, :, 3:]).all())
+    assert bool((out[0, :, :3] == 0).all())
+    monkeypatch.setattr(adapters, "_spec_lse", lambda lse: lse)
+    assert not flash_attn_battery(monkeypatch, adapters.flash_attn, ("mask.fully_masked_rows", "lse.values")).passed

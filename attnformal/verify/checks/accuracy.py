@@ -409,7 +409,7 @@ def lse_values(run):
         run.random_case("window kv_lens", shape(2, 2, 2, 24, 40, 32), grad=False, window=(6, 2), kv_lens=[40, 9]),
         _scaled_case(run, "large logits", shape(1, 2, 2, 16, 40, 16), 30.0, 30.0, scale=1.0),
     ]
-    cases += empty_row_cases(run, grad=False)[:2]
+    cases += empty_row_cases(run, grad=False)  # every empty-row kind: a kernel may take only some of them
     for case in cases:
         record = run.against_reference(case, lse=True)
         if record is not None and record.status == "FAIL":

@@ -156,7 +156,7 @@ def _flex(compiled, spec, q, k, v, return_lse):
                 "compiled flex_attention on CPU is inference only (torch limitation)")
         _refuse(q.dtype == torch.float64, "compiled flex_attention on CPU supports fp16, bf16 and fp32 only")
     kernel = _compiled_flex() if compiled else flex_attention
-    result = kernel(q, k, v, score_mod=_softcap_mod(spec.softcap), block_mask=_block_mask(spec, q.device),
+    result = kernel(q, k, v, score_mod=_score_mod(spec, q), block_mask=_block_mask(spec, q.device),
                     scale=spec.scale, enable_gqa=spec.group > 1, **_flex_lse_request(return_lse))
     if not return_lse:
         return result
@@ -198,17 +198,26 @@ def _block_mask(spec: AttentionSpec, device):
     return create_block_mask(mask_mod, spec.batch, heads, spec.len_q, spec.len_k, device=device)
 
 
-def _softcap_mod(cap):
-    if cap is None:
+def _score_mod(spec: AttentionSpec, q):
+    """The spec's score changes as a flex score_mod: softcap, then the score bias (ALiBi, ``bias``) read from
+    the spec's own dense ``score_bias`` table, as the SDPA adapter adds it (None when there are neither)."""
+    cap = spec.softcap
+    bias = spec.score_bias(torch.arange(spec.batch, device=q.device), slice(0, spec.len_q), slice(0, spec.len_k),
+                           torch.promote_types(q.dtype, torch.float32))
+    if cap is None and bias is None:
         return None
+    if bias is not None:
+        bias = bias.expand(spec.batch, spec.heads_q, spec.len_q, spec.len_k)
 
     def score_mod(score, b, h, q_idx, kv_idx):
-        return cap * torch.tanh(score / cap)
+        if cap is not None:
+            score = cap * torch.tanh(score / cap)
+        return score if bias is None else score + bias[b, h, q_idx, kv_idx]
 
     return score_mod
 
 
-FLEX_SUPPORTS = DENSE_MASKS | {"softcap"}  # no dropout
+FLEX_SUPPORTS = DENSE_MASKS | {"softcap", "alibi_slopes", "bias"}  # no dropout, no sinks
 flex_eager = adapter(FLEX_SUPPORTS)(functools.partial(_flex, False))
 flex_compiled = adapter(FLEX_SUPPORTS)(functools.partial(_flex, True))
 

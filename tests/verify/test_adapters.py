@@ -280,3 +280,23 @@ def test_flash_attn_lse_of_an_empty_row_is_the_specs(monkeypatch):
     assert bool((out[0, :, :3] == 0).all())
     monkeypatch.setattr(adapters, "_spec_lse", lambda lse: lse)
     assert not flash_attn_battery(monkeypatch, adapters.flash_attn, ("mask.fully_masked_rows", "lse.values")).passed
+
+
+def test_flex_adds_alibi_and_bias_after_the_softcap(monkeypatch):
+    """flex_attention's score_mod: softcap, then the spec's score bias. Controls: the bias left out, and the
+    bias added inside the cap, both fail the same checks."""
+    settings = Settings(impl=adapters.flex_eager, impl_name="flex", dtypes=(torch.float32,),
+                        only=("fwd.alibi", "fwd.bias"))
+    report = run_battery(settings)
+    assert report.passed and {r.status for r in report.results} == {"pass"}, render(report)
+
+    def bias_inside_the_cap(spec, q):
+        bias = spec.score_bias(torch.arange(spec.batch), slice(0, spec.len_q), slice(0, spec.len_k), torch.float32)
+        bias = bias.expand(spec.batch, spec.heads_q, spec.len_q, spec.len_k)
+        cap = spec.softcap
+        return lambda score, b, h, i, j: (score + bias[b, h, i, j]) if cap is None else \
+            cap * torch.tanh((score + bias[b, h, i, j]) / cap)
+
+    for wrong in (lambda spec, q: None, bias_inside_the_cap):
+        monkeypatch.setattr(adapters, "_score_mod", wrong)
+        assert not run_battery(settings).passed

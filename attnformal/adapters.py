@@ -103,8 +103,7 @@ def _sdpa(backend_name, spec, q, k, v, return_lse):
     mask = None
     if not native_causal and _masked(spec):
         mask = spec.allowed(q.device)
-    bias = spec.score_bias(torch.arange(spec.batch, device=q.device), slice(0, spec.len_q), slice(0, spec.len_k),
-                           q.dtype)
+    bias = spec.dense_score_bias(q.dtype, q.device)
     if bias is not None:  # SDPA adds a float attn_mask to the scaled scores: ALiBi and bias go in there
         allowed = mask if mask is not None else torch.ones((), dtype=torch.bool, device=q.device)
         if native_causal:
@@ -202,12 +201,9 @@ def _score_mod(spec: AttentionSpec, q):
     """The spec's score changes as a flex score_mod: softcap, then the score bias (ALiBi, ``bias``) read from
     the spec's own dense ``score_bias`` table, as the SDPA adapter adds it (None when there are neither)."""
     cap = spec.softcap
-    bias = spec.score_bias(torch.arange(spec.batch, device=q.device), slice(0, spec.len_q), slice(0, spec.len_k),
-                           torch.promote_types(q.dtype, torch.float32))
+    bias = spec.dense_score_bias(torch.promote_types(q.dtype, torch.float32), q.device)  # [B, Hq, Sq, Sk]
     if cap is None and bias is None:
         return None
-    if bias is not None:
-        bias = bias.expand(spec.batch, spec.heads_q, spec.len_q, spec.len_k)
 
     def score_mod(score, b, h, q_idx, kv_idx):
         if cap is not None:

@@ -149,6 +149,5 @@ def npu_pse(spec, device, dtype):
     ``[B, N, Sq, Sk]`` in ``dtype``, for ``pse_type = NPU_PSE_TYPE``; None when there is none."""
     import torch
 
-    bias = spec.score_bias(torch.arange(spec.batch, device=device), slice(0, spec.len_q), slice(0, spec.len_k),
-                           torch.float64 if dtype == torch.float64 else torch.float32)
+    bias = spec.dense_score_bias(torch.float64 if dtype == torch.float64 else torch.float32, device)
     return None if bias is None else bias.to(dtype).contiguous()

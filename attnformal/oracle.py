@@ -60,8 +60,7 @@ def oracle_probabilities(spec: AttentionSpec, q, k, dtype=torch.float64):
     q, k = q.to(dtype), k.to(dtype)[:, spec.kv_heads(q.device)]  # GQA by explicitly repeating K
     s = spec.scale * (q @ k.transpose(-1, -2))
     s = spec.modify_scores(s)
-    bias = spec.score_bias(torch.arange(spec.batch, device=q.device), slice(0, spec.len_q), slice(0, spec.len_k),
-                           dtype)
+    bias = spec.dense_score_bias(dtype, q.device)
     if bias is not None:
         s = s + bias
     allowed = spec.allowed(q.device)

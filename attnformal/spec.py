@@ -195,6 +195,14 @@ class AttentionSpec:
             return None
         return total.expand(len(batches), self.heads_q, rows.stop - rows.start, cols.stop - cols.start)
 
+    def dense_score_bias(self, dtype, device=None):
+        """:meth:`score_bias` of the whole problem: ``[B, Hq, Sq, Sk]`` in ``dtype``, or None (for references
+        and the adapters and kernels that take the bias as one table)."""
+        import torch
+
+        return self.score_bias(torch.arange(self.batch, device=device), slice(0, self.len_q), slice(0, self.len_k),
+                               dtype)
+
     def allowed(self, device=None):
         """Dense bool ``[B, Hq, Sq, Sk]`` of allowed pairs (for references and tests, not kernels)."""
         import torch

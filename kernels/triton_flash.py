@@ -689,8 +689,7 @@ class Launch:
         self.num_q_blocks, self.num_kv_blocks = classes.shape[1:]
         scalars = torch.tensor([spec.scale, spec.softcap or 1.0, 1.0 / (1.0 - spec.dropout_p)],
                                dtype=self.state_dtype, device=device)
-        bias = spec.score_bias(torch.arange(spec.batch, device=device), slice(0, spec.len_q), slice(0, spec.len_k),
-                               self.state_dtype)
+        bias = spec.dense_score_bias(self.state_dtype, device)
         self.has_bias = bias is not None
         self.groups = (
             Geometry(spec.batch, spec.heads_q, spec.group, spec.len_q, spec.len_k, spec.head_dim, spec.head_dim_v),

@@ -204,7 +204,7 @@ def _term_sizes(spec, q, k, v, p, out, lse, grad_out) -> tuple[dict, dict]:
     heads = spec.kv_heads()
     kx, vx = k[:, heads], v[:, heads]
     score_size = spec.scale * (q.abs() @ kx.abs().transpose(-1, -2))  # bounds |s_ij|, so its error
-    bias = spec.score_bias(torch.arange(spec.batch), slice(0, spec.len_q), slice(0, spec.len_k), torch.float32)
+    bias = spec.dense_score_bias(torch.float32)
     if bias is not None:  # the biased score is rounded again after the bias is added
         score_size = score_size + bias.abs()
     p_sink = None

@@ -291,8 +291,7 @@ def test_flex_adds_alibi_and_bias_after_the_softcap(monkeypatch):
     assert report.passed and {r.status for r in report.results} == {"pass"}, render(report)
 
     def bias_inside_the_cap(spec, q):
-        bias = spec.score_bias(torch.arange(spec.batch), slice(0, spec.len_q), slice(0, spec.len_k), torch.float32)
-        bias = bias.expand(spec.batch, spec.heads_q, spec.len_q, spec.len_k)
+        bias = spec.dense_score_bias(torch.float32)
         cap = spec.softcap
         return lambda score, b, h, i, j: (score + bias[b, h, i, j]) if cap is None else \
             cap * torch.tanh((score + bias[b, h, i, j]) / cap)

@@ -379,10 +379,7 @@ def npu_fusion_attention(spec, q, k, v, return_lse):
     outputs = torch_npu.npu_fusion_attention(q, k, v, spec.heads_q, "BNSD", atten_mask=forbidden, scale=spec.scale,
                                              keep_prob=1.0 - spec.dropout_p, pre_tockens=pre_tokens,
                                              next_tockens=next_tokens, sparse_mode=sparse_mode, **position)
-    out, softmax_max, softmax_sum = outputs[:3]
-    if not return_lse:
-        return out
-    return out, softmax_max[..., 0] + torch.log(softmax_sum[..., 0])  # [B, N, S, 8]: 8 equal copies
+    return _npu_result(outputs, return_lse)
 
 
 def _npu_tnd(torch_npu, spec, q, k, v, return_lse):
@@ -398,10 +395,16 @@ def _npu_tnd(torch_npu, spec, q, k, v, return_lse):
     forbidden = None if arguments["sparse_mode"] == 0 else torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
     outputs = torch_npu.npu_fusion_attention(q, k, v, spec.heads_q, atten_mask=forbidden, scale=spec.scale,
                                              keep_prob=1.0 - spec.dropout_p, **arguments)
+    return _npu_result(outputs, return_lse)
+
+
+def _npu_result(outputs, return_lse):
+    """out, and with ``return_lse`` the lse from npu_fusion_attention's softmax max and sum (``[..., 8]``:
+    8 equal copies, in BNSD ``[B, N, S, 8]`` and TND ``[T, N, 8]`` alike)."""
     out, softmax_max, softmax_sum = outputs[:3]
     if not return_lse:
         return out
-    return out, softmax_max[..., 0] + torch.log(softmax_sum[..., 0])  # [T, N, 8]: 8 equal copies
+    return out, softmax_max[..., 0] + torch.log(softmax_sum[..., 0])
 
 
 NPU_COMPRESSED_MASK = 2048  # sparse modes 2, 3, 4 take this fixed upper-triangular mask

@@ -58,7 +58,6 @@ class AlibiSlopes(Feature):
         slope = value.to(device=device, dtype=dtype)[batches][:, :, None, None]
         return alibi_bias(i, j, slope, spec.len_q, len_k)
 
-
     def add_argument(self, parser):
         from attnformal import cli
 

@@ -35,7 +35,6 @@ class Sinks(Feature):
     def one_element(self, value, b, h, full):
         return value[h:h + 1]
 
-
     def add_argument(self, parser):
         from attnformal import cli
 

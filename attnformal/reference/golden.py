@@ -324,9 +324,8 @@ def _verify_sample(path, spec: AttentionSpec, inputs: dict, reference: dict) -> 
         for name in ("out", "lse", "dq"):
             stored, radius = (t[b:b + 1, h:h + 1] for t in reference[name])
             value, fresh_radius = getattr(fresh, name), getattr(fresh, f"{name}_radius")
-            apart = (stored - value).abs().nan_to_num(nan=0.0) > (radius + fresh_radius) * (1 + 2**-40)
-            if bool(apart.any()):
-                i = tuple(int(n) for n in apart.nonzero()[0])
+            i = _first_apart(stored, radius, value, fresh_radius)
+            if i is not None:
                 raise GoldenError(path, f"the stored {name} does not match the stored spec and inputs at "
                                         f"batch {b}, head {h}, index {i[2:]}: stored {float(stored[i]):.17g} "
                                         f"+- {float(radius[i]):.3g}, recomputed {float(value[i]):.17g} "
@@ -341,8 +340,14 @@ def _verify_packed(path, spec: AttentionSpec, inputs: dict, reference: dict) -> 
     for name in ("out", "lse", "dq", *(["dsinks"] if "dsinks" in reference else [])):
         stored, radius = reference[name]
         value, fresh_radius = getattr(fresh, name), getattr(fresh, f"{name}_radius")
-        apart = (stored - value).abs().nan_to_num(nan=0.0) > (radius + fresh_radius) * (1 + 2**-40)
-        if bool(apart.any()):
-            i = tuple(int(n) for n in apart.nonzero()[0])
+        i = _first_apart(stored, radius, value, fresh_radius)
+        if i is not None:
             raise GoldenError(path, f"the stored {name} does not match the stored spec and inputs at packed "
                                     f"index {i}: stored {float(stored[i]):.17g}, recomputed {float(value[i]):.17g}")
+
+
+def _first_apart(stored, radius, value, fresh_radius) -> tuple[int, ...] | None:
+    """The first index where the stored ball and the recomputed one do not overlap (slack for the
+    rounding of the sum of radii), or None."""
+    apart = (stored - value).abs().nan_to_num(nan=0.0) > (radius + fresh_radius) * (1 + 2**-40)
+    return tuple(int(n) for n in apart.nonzero()[0]) if bool(apart.any()) else None

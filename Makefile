@@ -9,17 +9,10 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0+cpu
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 VENV_ARGS := $(if $(filter system,$(TORCH)),--system-site-packages,)
-# Numerics-sensitive tests run again under each of torch's CPU vector paths (it falls back
-# to the best one the CPU has), so an instruction-set assumption fails here, not on a user's machine;
-# the reruns go side by side on one thread each (tools/numerics_reruns.py). The names are x86's; elsewhere
-# (ARM) torch would warn "ignoring invalid value" on them, so only its scalar path `default` is forced.
-ifneq ($(filter x86_64 amd64 AMD64,$(shell uname -m)),)
-TOP_CAPABILITY ?= avx512
-CPU_CAPABILITIES ?= default avx2
-else
-TOP_CAPABILITY ?=
-CPU_CAPABILITIES ?= default
-endif
+# The suite runs under the best CPU vector path torch finds on this CPU (nothing forced); then the
+# numerics-sensitive tests run again under every path below it, side by side on one thread each
+# (tools/numerics_reruns.py asks torch which paths the CPU has: default and avx2 on an AVX-512 x86,
+# default on an AVX2 one or on ARM). A path above the CPU's is never forced: torch dies with SIGILL on it.
 
 .PHONY: prove test bench ascend-check
 
@@ -38,8 +31,8 @@ prove: $(VENV)/.installed
 	$(PY) -m attnformal.prove
 
 test: $(VENV)/.installed
-	$(if $(TOP_CAPABILITY),ATEN_CPU_CAPABILITY=$(TOP_CAPABILITY)) $(PY) -m pytest -q
-	$(PY) tools/numerics_reruns.py $(CPU_CAPABILITIES)
+	$(PY) -m pytest -q
+	$(PY) tools/numerics_reruns.py
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_kernels.py

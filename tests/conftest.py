@@ -7,6 +7,8 @@ import os
 import pytest
 import torch
 
+from attnformal.vector_paths import best_path, refusal
+
 # Triton picks its CPU interpreter when a kernel is decorated, i.e. when a kernel module is
 # imported: without a GPU, set it before any test module imports one. With a GPU, the real kernels run.
 if not torch.cuda.is_available():
@@ -17,9 +19,9 @@ if not torch.cuda.is_available():
 # it happens to come first -- its results would then differ from the worker processes' it is compared with.
 torch.backends.cpu.get_cpu_capability()
 
-# Modules whose verdicts rest on floating-point results: `make test` runs them again under each
-# of torch's CPU vector paths (ATEN_CPU_CAPABILITY=default, avx2, avx512), so an assumption that
-# holds on one instruction set only fails here rather than on a user's machine.
+# Modules whose verdicts rest on floating-point results: `make test` runs them again under each of
+# torch's CPU vector paths below the CPU's best (ATEN_CPU_CAPABILITY=default, avx2 on an AVX-512 CPU),
+# so an assumption that holds on one instruction set only fails here rather than on a user's machine.
 NUMERICS_MODULES = (
     "tests/kernels/",
     "tests/reference/",
@@ -32,6 +34,11 @@ NUMERICS_MODULES = (
 
 
 def pytest_configure(config):
+    # A vector path above the CPU's makes torch die with SIGILL mid-run: refuse it before any test module
+    # (and so any torch kernel) is loaded, with one line.
+    requested = os.environ.get("ATEN_CPU_CAPABILITY")
+    if requested and (why := refusal(requested, best_path())):
+        raise pytest.UsageError(why)
     config.addinivalue_line("markers", "numerics: floating-point results; run under every ATEN_CPU_CAPABILITY")
 
 

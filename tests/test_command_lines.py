@@ -23,7 +23,7 @@ def refusal(front_end: str, target: str, folder) -> str:
     argv, status = FRONT_ENDS[front_end]
     option = "--attn-impl" if front_end == "pytest plugin" else "--impl"
     result = subprocess.run([sys.executable, *argv, option, target], cwd=folder, capture_output=True, text=True,
-                            timeout=120)
+                            timeout=600)
     assert result.returncode == status, result.stdout + result.stderr
     return next(line for line in (result.stdout + result.stderr).splitlines() if "argument '--impl'" in line)
 

@@ -175,7 +175,7 @@ def test_ctrl_c_cancels_a_long_generation_and_writes_nothing(tmp_path):
     assert first_line.startswith("estimated time:"), first_line
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
-    rest = proc.communicate(timeout=60)[1]
+    rest = proc.communicate(timeout=600)[1]  # generous: a loaded machine is slow to unwind
     assert proc.returncode == 130
     assert "cancelled: nothing was written" in rest
     assert not out.exists() and not list(tmp_path.iterdir())

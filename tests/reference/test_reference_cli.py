@@ -289,18 +289,37 @@ def test_out_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
 # ---------------------------------------------------------------- the estimate
 
 
-def test_the_estimate_extends_the_linear_regime_not_the_cold_call():
+class SyntheticClock:
+    """The seconds a synthetic run says it took, whatever the machine's speed or load: the estimates
+    below are judged against what the estimator measured, never against wall time."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float):
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    synthetic = SyntheticClock()
+    monkeypatch.setattr(cost, "clock", synthetic)
+    return synthetic
+
+
+def test_the_estimate_extends_the_linear_regime_not_the_cold_call(clock):
     """A synthetic case: a cold first call of 0.2 s, a fixed 2 ms per call, 1 ms and 64 KiB per row
     in blocks of 8 rows. The estimate must land near the truth, not near 0.2 s x Sq."""
-    import time
-
     calls = []
 
     def run(rows, progress):
         cold = not calls
         calls.append(rows)
         data = bytearray(rows * 2**16)  # zero-filled, so resident
-        time.sleep(0.2 * cold + 0.002 + 0.001 * rows)
+        clock.sleep(0.2 * cold + 0.002 + 0.001 * rows)
         blocks = -(-rows // 8)
         for done in range(1, blocks + 1):
             progress(done, blocks)
@@ -315,15 +334,13 @@ def test_the_estimate_extends_the_linear_regime_not_the_cold_call():
     assert cost.estimate(run, 8) is None  # too few rows to sample
 
 
-def test_an_estimate_from_rows_that_cost_nothing_extra_does_not_promise_a_quick_run():
+def test_an_estimate_from_rows_that_cost_nothing_extra_does_not_promise_a_quick_run(clock):
     """The certified reference's shape: 0.1 s per call, and the first 8 rows cost nothing extra
     (vector units absorb them), 1 ms per row beyond. Sampling 1 and 2 rows sees no growth; a
     line through them promised ~0.1 s for a 2 s case (seen on CI: a 36 s golden file announced
     as quick). The estimate must not fall below the truth."""
-    import time
-
     def run(rows, progress):
-        time.sleep(0.1 + 0.001 * max(0, rows - 8))
+        clock.sleep(0.1 + 0.001 * max(0, rows - 8))
         progress(1, 1)
         return rows
 

@@ -25,7 +25,7 @@ def attention(q, k, v, **kwargs):
 def test_a_crash_and_a_hang_fail_their_checks_and_the_report_is_complete(capsys, tmp_path):
     kernel = tmp_path / "bad.py"
     kernel.write_text(CRASHES_AND_HANGS)
-    impl, timeout = f"{kernel}:attention", 2.0
+    impl, timeout = f"{kernel}:attention", 10.0  # each hand case needs milliseconds: ample on a loaded machine
     code = main(["--impl", impl, "--only", "hand.*", "--dtypes", "float32", "--case-timeout", str(timeout),
                  "--json", str(tmp_path / "run.json"), "--repro-dir", str(tmp_path)])  # isolated: a FILE.py target
     out = capsys.readouterr().out
@@ -35,7 +35,7 @@ def test_a_crash_and_a_hang_fail_their_checks_and_the_report_is_complete(capsys,
     by_check = {r["check"]: r for r in run["results"]}
     crash, hang = by_check["hand.single_token"], by_check["hand.dominant_score"]
     assert crash["kind"] == "crash" and "signal SIGSEGV" in crash["summary"] and "Sq=5 Sk=1" in crash["summary"]
-    assert hang["kind"] == "hang" and timeout <= hang["seconds"] < timeout + 20  # stopped at the timeout
+    assert hang["kind"] == "hang" and timeout <= hang["seconds"] < 10 * timeout  # stopped at the timeout
     assert all(by_check[c]["status"] == "pass" for c in ("hand.uniform_logits", "hand.masked_dominant",
                                                           "hand.closed_form"))  # the run went on after each
     assert "seed" in crash["details"][0] and f"--replay {crash['reproducer']}" in out
@@ -55,12 +55,12 @@ def test_ctrl_c_keeps_the_checks_that_finished(tmp_path):
                                 "float32", "--json", str(results), "--repro-dir", str(tmp_path)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                preexec_fn=_ctrl_c_reaches_python)
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + 900  # a first check needs seconds; this is a hang guard
     while not (results.exists() and len(json.loads(results.read_text())["results"]) >= 2):
         assert process.poll() is None and time.monotonic() < deadline, "no check finished"
         time.sleep(0.2)
     process.send_signal(signal.SIGINT)
-    out, err = process.communicate(timeout=120)
+    out, err = process.communicate(timeout=600)
     assert process.returncode == 130 and "verdict: INTERRUPTED" in out and "Traceback" not in err
     run = json.loads(results.read_text())
     assert run["state"] == "interrupted" and len(run["results"]) >= 2

@@ -31,7 +31,7 @@ from attnformal.verify.tolerances import PROFILES
 
 PROG = "python -m attnformal.verify"
 DEFAULT_DTYPES = "float32 bfloat16"
-EXAMPLE = (f"{PROG} --impl examples/causal_alignment_bug.py:attention --only 'mask.*'\n"
+EXAMPLE = (f"{PROG} --impl attnformal.examples.causal_alignment_bug:attention --only 'mask.*'\n"
            f"  {PROG} --impl sdpa-math --workers 2 --junit verify.xml")
 
 

@@ -7,6 +7,7 @@ proves nothing; ``prove --kernel ... --picture DIR`` draws one tile map per refu
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from pathlib import Path
 
@@ -23,17 +24,17 @@ def geometry_features():
 
 
 def add_options(parser):
-    """The picture options of ``prove`` (each feature's own flag for the shape's mask)."""
-    parser.add_argument("--picture", metavar="DIR", help="write tile maps (PNG): --kernel: one per refuted check "
-                                                          "and control; --show-schedule: the schedule's")
-    parser.add_argument("--show-schedule", action="store_true",
-                        help=f"draw the schedule at --shape (default {DEFAULT_SCHEDULE}), prove nothing")
-    parser.add_argument("--shape", action=cli.IntList, count=2, minimum=0, form="Sq,Sk",
-                        help="--show-schedule: the lengths")
-    parser.add_argument("--splits", type=cli.integer(minimum=1), default=1, metavar="N",
-                        help="--show-schedule: split-KV parts (1)")
+    """The picture options of ``prove``; the shape's mask takes each feature's own flag (named in --shape's help)."""
+    parser.add_argument("--picture", metavar="DIR", help="tile maps (PNG) of --kernel refutations, --show-schedule")
+    parser.add_argument("--show-schedule", action="store_true", help="draw the schedule at --shape; prove nothing")
+    flags = []
     for feature in geometry_features():
         feature.add_argument(parser)
+        parser._actions[-1].help = argparse.SUPPRESS  # listed in --shape's help: the screen is short
+        flags.append(parser._actions[-1].option_strings[0])
+    parser.add_argument("--shape", action=cli.IntList, count=2, minimum=0, form="Sq,Sk", metavar="SQ,SK",
+                        help=f"the lengths to draw; mask: {', '.join(flags)}; --splits N")
+    parser.add_argument("--splits", type=cli.integer(minimum=1), default=1, help=argparse.SUPPRESS)
 
 
 def check(parser, args):

@@ -3,9 +3,9 @@
 The picture of a schedule (:func:`schedule_map`) or of a kernel's own tiling (:func:`tiling_map`)
 at one shape, in block units (every tile a cell, as the FlashAttention papers draw them):
 
-* fill: the spec's class of each tile at those block sizes, ``schedule.tile_class`` (skip, partial,
-  full), with the region outside the tensor (rows past ``Sq``, keys past ``Sk``) hatched;
-* outline: the allowed pairs, each row's interval from ``masks.key_interval``;
+* fill: each tile's class (skip, partial, full): the schedule's own ``tile_class``, or for a kernel
+  tiling the spec's ``schedule.tile_class`` at its block sizes, with the region outside the tensor (rows past ``Sq``, keys past ``Sk``) hatched;
+* dashed outline: the allowed pairs, each row's interval from ``masks.key_interval``;
 * bars: the keys each query block visits -- ``TileSchedule.split_ranges`` (one bar per split part),
   or the tiling's own ``kv_blocks``/``split``; a kernel's tiles computed without the mask (its
   ``masked`` says no) are hatched;
@@ -25,7 +25,6 @@ from attnformal.pictures import require_matplotlib, save
 CLASS_COLOURS = {schedule.SKIP: "#eeeeee", schedule.PARTIAL: "#f2b447", schedule.FULL: "#4a7fb5"}
 PART_COLOURS = ("#111111", "#c2185b", "#2e7d32", "#6a1b9a", "#ef6c00", "#00838f")
 MARK = "#d62728"
-ALLOWED_ALPHA = 0.2
 MAX_BLOCKS = 256  # per direction; beyond it a map is unreadable (and refused with the numbers)
 
 
@@ -65,14 +64,13 @@ def _check_size(g: MaskGeometry, block_m: int, block_n: int):
                          f"{MAX_BLOCKS} per direction (a larger block or a smaller shape)")
 
 
-def spec_classes(g: MaskGeometry, block_m: int, block_n: int) -> list[list[int]]:
-    """``schedule.tile_class`` of every tile, on int tensors (a whole grid in one call)."""
+def classes_of(classify, g: MaskGeometry, block_m: int, block_n: int) -> list[list[int]]:
+    """``classify(bm, bn)`` of every tile, on int tensors (a whole grid in one call)."""
     import torch
 
     bm = torch.arange(ops.cdiv(g.len_q, block_m))[:, None]
     bn = torch.arange(ops.cdiv(g.len_k, block_n))[None, :]
-    classes = torch.as_tensor(schedule.tile_class(bm, bn, g, block_m, block_n))
-    return classes.expand(bm.shape[0], bn.shape[1]).tolist()
+    return torch.as_tensor(classify(bm, bn)).expand(bm.shape[0], bn.shape[1]).tolist()
 
 
 def schedule_map(sched: schedule.TileSchedule, g: MaskGeometry, title: str | None = None) -> TileMap:
@@ -82,7 +80,8 @@ def schedule_map(sched: schedule.TileSchedule, g: MaskGeometry, title: str | Non
              for m in range(sched.num_q_blocks(g))]
     name = title or (f"TileSchedule({sched.block_m}, {sched.block_n}"
                      + (f", num_splits={sched.num_splits})" if sched.num_splits > 1 else ")"))
-    return TileMap(name, g, sched.block_m, sched.block_n, spec_classes(g, sched.block_m, sched.block_n), parts)
+    classes = classes_of(lambda bm, bn: sched.tile_class(bm, bn, g), g, sched.block_m, sched.block_n)
+    return TileMap(name, g, sched.block_m, sched.block_n, classes, parts)
 
 
 def tiling_map(tiling, g: MaskGeometry, title: str | None = None, mark: Mark | None = None) -> TileMap:
@@ -102,8 +101,9 @@ def tiling_map(tiling, g: MaskGeometry, title: str | None = None, mark: Mark | N
             for tile, cols in _tiles(tiling, lo, hi):
                 if not tiling.masked(m, tile, g):
                     unmasked.append((m, int(cols[0]), int(cols[-1]) + 1))
-    return TileMap(title or type(tiling).__name__, g, tiling.block_m, tiling.block_n,
-                   spec_classes(g, tiling.block_m, tiling.block_n), ranges, unmasked, mark)
+    classes = classes_of(lambda bm, bn: schedule.tile_class(bm, bn, g, tiling.block_m, tiling.block_n), g,
+                         tiling.block_m, tiling.block_n)
+    return TileMap(title or type(tiling).__name__, g, tiling.block_m, tiling.block_n, classes, ranges, unmasked, mark)
 
 
 # ---------------------------------------------------------------------------- a refutation's shape
@@ -200,7 +200,7 @@ def draw(tile_map: TileMap, path) -> str:
     handles = [Patch(facecolor=CLASS_COLOURS[c], edgecolor="#999999", label=f"{schedule.TILE_CLASS_NAMES[c]} tile")
                for c in sorted(CLASS_COLOURS)]
     handles += [Patch(facecolor="white", edgecolor="#999999", hatch="xx", label="outside the tensor"),
-                Patch(facecolor="#000000", alpha=ALLOWED_ALPHA, edgecolor="black", label="allowed (i, j)")]
+                Patch(facecolor="none", edgecolor="black", linestyle=(0, (4, 2)), label="allowed (i, j): inside")]
     handles += [Line2D([], [], color=PART_COLOURS[s % len(PART_COLOURS)], linewidth=2.5,
                        label="visited keys" + (f", part {s}" if t.num_splits > 1 else "")) for s in range(t.num_splits)]
     if t.unmasked:
@@ -241,8 +241,8 @@ def _allowed(ax, t: TileMap):
     edges = torch.arange(t.g.len_q + 1, dtype=torch.float64) / t.block_m
     lo, end = torch.cat([lo, lo[-1:]]) / t.block_n, torch.cat([end, end[-1:]]) / t.block_n
     some = lo < end  # a row with no allowed key draws nothing
-    ax.fill_betweenx(edges.numpy(), lo.numpy(), end.numpy(), where=some.numpy(), step="post", facecolor="#000000",
-                     alpha=ALLOWED_ALPHA, edgecolor="black", linewidth=0.8)
+    ax.fill_betweenx(edges.numpy(), lo.numpy(), end.numpy(), where=some.numpy(), step="post", facecolor="none",
+                     edgecolor="black", linewidth=1.6, linestyle=(0, (4, 2)))
 
 
 def _visited(ax, t: TileMap):

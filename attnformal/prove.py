@@ -497,7 +497,7 @@ def main(argv=None) -> int:
     pictures = prove_options.write_pictures(args, chosen, checks, controls)
     if args.report:
         with open(args.report, "w") as handle:
-            handle.write(prove_options.html_report(checks, controls, wall, settings, pictures)
+            handle.write(prove_options.html_report(args, chosen, checks, controls, wall, settings, pictures)
                          if args.report.endswith(".html") else report(checks, controls, wall, settings))
     ok = all(o.ok for o in checks) and all(c.ok for c in controls)
     return 0 if ok else 1

@@ -99,3 +99,20 @@ def write_pictures(args, chosen, checks, controls) -> list[str]:
     for path in written:
         print(f"tile map: {path}")
     return written
+
+
+def html_report(args, chosen, checks, controls, wall, settings, pictures) -> str:
+    """``--report FILE.html``: the run with its tile maps (drawn for the page alone when --picture is not given)."""
+    import tempfile
+
+    from attnformal.pictures import PicturesUnavailable, tiles
+    from attnformal.pictures.html import prove_report
+
+    if pictures or not args.kernel:
+        return prove_report(checks, controls, wall, settings, pictures)
+    with tempfile.TemporaryDirectory(prefix="attnformal-maps-") as folder:
+        try:
+            pictures = tiles.refutation_pictures(chosen, checks, controls, folder)
+        except PicturesUnavailable:
+            pictures = []
+        return prove_report(checks, controls, wall, settings, pictures)

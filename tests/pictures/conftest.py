@@ -1,4 +1,5 @@
-"""What the picture tests share: reading a PNG back (its size, and how much of it has a colour)."""
+"""What the picture tests share: reading a PNG back (its size, and how much of it has a colour), and the
+README's porting bug as a tiling file (its causal bound forgets the bottom-right shift)."""
 
 from __future__ import annotations
 
@@ -32,3 +33,28 @@ class PNG:
 def png():
     pytest.importorskip("matplotlib", reason="pictures need matplotlib (the plot extra)")
     return PNG
+
+
+TOP_LEFT_BOUND = """
+from attnformal import ops
+from attnformal.tiling import KernelTiling
+
+
+class TopLeftBound(KernelTiling):
+    block_m, block_n = 128, 64
+    masks = ("dense", "bottom_right")
+
+    def kv_blocks(self, m_block, g):
+        n_max = self.ceil_div(g.len_k, self.block_n)
+        if g.causal:
+            n_max = ops.minimum(n_max, self.ceil_div((m_block + 1) * self.block_m, self.block_n))
+        return 0, n_max
+"""
+
+
+@pytest.fixture
+def bound_tiling(tmp_path, monkeypatch):
+    """``bound.py:TopLeftBound`` in a fresh working folder (refutations write their cases there)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bound.py").write_text(TOP_LEFT_BOUND)
+    return "bound.py:TopLeftBound"

@@ -82,23 +82,6 @@ def head_1_unscaled(q, k, v, *, scale=None, **kwargs):
     return attention_oracle(q, k.double(), v.double(), scale=scale, **kwargs).to(k.dtype)
 '''
 
-TILING = '''
-from attnformal import ops
-from attnformal.tiling import KernelTiling
-
-
-class TopLeftBound(KernelTiling):
-    block_m, block_n = 128, 64
-    masks = ("dense", "bottom_right")
-
-    def kv_blocks(self, m_block, g):
-        n_max = self.ceil_div(g.len_k, self.block_n)
-        if g.causal:
-            n_max = ops.minimum(n_max, self.ceil_div((m_block + 1) * self.block_m, self.block_n))
-        return 0, n_max
-'''
-
-
 def test_the_verify_page_shows_every_error_map_and_fits_the_window(browser, tmp_path, monkeypatch, png):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "bug.py").write_text(KERNEL)
@@ -115,10 +98,8 @@ def test_the_verify_page_shows_every_error_map_and_fits_the_window(browser, tmp_
     assert shot.size[0] == WIDTH and shot.share("#d93025") > 0.0002  # the red verdict is drawn
 
 
-def test_the_prove_page_shows_the_refutations_tile_maps(browser, tmp_path, monkeypatch, png):
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "bound.py").write_text(TILING)
-    assert prove(["--kernel", "bound.py:TopLeftBound", "--report", "proof.html", "--timeout", "600"]) == 1
+def test_the_prove_page_shows_the_refutations_tile_maps(browser, tmp_path, bound_tiling, png):
+    assert prove(["--kernel", bound_tiling, "--report", "proof.html", "--timeout", "600"]) == 1
     page = tmp_path / "proof.html"
     assert "Negative controls" in page.read_text() and "Tile maps" in page.read_text()
     assert_readable(inspect(browser, page, tmp_path), pictures=2)  # the refuted check and the generic control

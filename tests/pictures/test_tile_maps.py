@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
 
 from attnformal import ops
@@ -12,20 +10,7 @@ from attnformal.masks import MaskGeometry
 from attnformal.pictures import tiles
 from attnformal.prove import main as prove
 from attnformal.schedule import FULL, PARTIAL, SKIP, TileSchedule
-from attnformal.tiling import KernelTiling
-
-
-class TopLeftBound(KernelTiling):
-    """The README's porting bug: the causal bound forgets the bottom-right shift."""
-
-    block_m, block_n = 128, 64
-    masks = ("dense", "bottom_right")
-
-    def kv_blocks(self, m_block, g):
-        n_max = self.ceil_div(g.len_k, self.block_n)
-        if g.causal:
-            n_max = ops.minimum(n_max, self.ceil_div((m_block + 1) * self.block_m, self.block_n))
-        return 0, n_max
+from attnformal.tiling import load_tilings
 
 
 def test_a_schedule_map_holds_its_classes_and_split_parts():
@@ -44,11 +29,11 @@ def test_a_schedule_with_its_own_classification_is_drawn_with_it():
     assert tiles.schedule_map(EverythingSkipped(64, 64), g).classes == [[SKIP, SKIP], [SKIP, SKIP]]
 
 
-def test_a_refutation_map_marks_the_missed_tile_and_pair(tmp_path, png):
+def test_a_refutation_map_marks_the_missed_tile_and_pair(tmp_path, png, bound_tiling):
     proof = Proof("[bottom_right] complete: every tile holding an allowed pair is visited", "z3", REFUTED,
                   case="bottom_right", countermodel={"Sq": "1", "Sk": "129", "m_block": "0", "n_block": "2",
                                                      "i": "0", "j": "128", "key blocks": "[0, 2)"})
-    tile_map = tiles.refutation_map(TopLeftBound, proof)
+    tile_map = tiles.refutation_map(load_tilings(bound_tiling)[0], proof)
     assert tile_map.parts == [[(0, 128)]]  # the kernel's own kv_blocks at the counterexample's shape
     assert (tile_map.mark.m_block, tile_map.mark.tile, tile_map.mark.i, tile_map.mark.j) == (0, (128, 192), 0, 128)
     picture = png(tiles.draw(tile_map, tmp_path / "refuted.png"))
@@ -66,23 +51,8 @@ def test_show_schedule_draws_the_named_schedule(tmp_path, png, capsys):
     assert picture.share(tiles.CLASS_COLOURS[FULL]) > 0.01 and picture.share(tiles.PART_COLOURS[1]) > 0.001
 
 
-def test_prove_picture_writes_one_map_per_refuted_check(tmp_path, png, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "bound.py").write_text(textwrap.dedent('''
-        from attnformal import ops
-        from attnformal.tiling import KernelTiling
-
-        class TopLeftBound(KernelTiling):
-            block_m, block_n = 128, 64
-            masks = ("dense", "bottom_right")
-
-            def kv_blocks(self, m_block, g):
-                n_max = self.ceil_div(g.len_k, self.block_n)
-                if g.causal:
-                    n_max = ops.minimum(n_max, self.ceil_div((m_block + 1) * self.block_m, self.block_n))
-                return 0, n_max
-    '''))
-    assert prove(["--kernel", "bound.py:TopLeftBound", "--picture", "maps", "--timeout", "600"]) == 1
+def test_prove_picture_writes_one_map_per_refuted_check(tmp_path, png, bound_tiling, capsys):
+    assert prove(["--kernel", bound_tiling, "--picture", "maps", "--timeout", "600"]) == 1
     out = capsys.readouterr().out
     written = sorted(p.name for p in (tmp_path / "maps").iterdir())
     assert written == ["TopLeftBound-bottom_right-complete.png", "control-TopLeftBoundOneTileShort-dense-complete.png"]

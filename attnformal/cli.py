@@ -52,8 +52,10 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args, guide: str, example: str | None = None, docs: str = DOCS, **kwargs):
         if guide not in README_PATHS:
             raise ValueError(f"argument 'guide': expected one of {README_PATHS}, got {guide!r}")
+        page = docs.removeprefix("docs/").removesuffix(".md")  # also installed: `attnformal docs PAGE` prints it
         epilog = "\n".join(filter(None, [f"example:\n  {example}" if example else None,
-                                         f'readme: README.md, "{guide}"', f"docs: {docs}"]))
+                                         f'readme: README.md, "{guide}" (installed: attnformal docs readme)',
+                                         f"docs: {docs} (installed: attnformal docs {page})"]))
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, epilog=epilog, **kwargs)
         # argparse takes "-1,5" (--window -1,5) for an option: it knows negative numbers, not lists of them

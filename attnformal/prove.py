@@ -32,6 +32,7 @@ from multiprocessing.connection import wait
 
 from attnformal import cli
 from attnformal.logic import CHECKED, PROVED, REFUTED, UNKNOWN, VACUOUS, Budget, Proof, Settings
+from attnformal.pictures import prove_options
 from attnformal.schedule import TileSchedule
 
 # The kernels whose schedules are always proven. Add a kernel's schedule here as
@@ -412,7 +413,7 @@ def parse(argv):
     parser.add_argument("--only", metavar="PATTERN",
                         help="an obligation number, or a glob or substring of its name or title")
     parser.add_argument("--json", metavar="FILE", help="write machine-readable results")
-    parser.add_argument("--report", metavar="FILE.md", help="write a markdown report for design reviews")
+    parser.add_argument("--report", metavar="FILE", help="write a report for design reviews (.md; .html: with pictures)")
     parser.add_argument("--timeout", metavar="S", type=cli.seconds, default=60.0, help="seconds per obligation (60)")
     parser.add_argument("--block-m", type=int, metavar="M",
                         help="also name TileSchedule(M, N) (with --block-n): an instance of the all-sizes theorems")
@@ -425,7 +426,9 @@ def parse(argv):
                              "list of them; MODULE:ATTR too, e.g. attnformal.tilings:EXAMPLES); repeatable")
     parser.add_argument("--jobs", type=cli.integer(minimum=1), default=min(2, os.cpu_count() or 1), metavar="N",
                         help="worker processes (<= 2)")
+    prove_options.add_options(parser)
     args = parser.parse_args(argv)
+    prove_options.check(parser, args)
     if (args.block_m is None) != (args.block_n is None):
         parser.error("argument '--block-m'/'--block-n': expected both, got only one")
     for spec in args.schedule:
@@ -482,6 +485,8 @@ def with_kernel_schedules(settings: Settings) -> Settings:
 def main(argv=None) -> int:
     start = time.perf_counter()
     args, chosen, settings = parse(argv)
+    if args.show_schedule:
+        return prove_options.show_schedule(args, chosen, settings.schedules)
     proves_schedules = any(getattr(module, "PROVES_SCHEDULES", False) for _, module in chosen)
     checks, controls, settings = run(chosen, settings, args.jobs, with_kernel_schedules if proves_schedules else None)
     wall = time.perf_counter() - start
@@ -489,9 +494,11 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(to_json(checks, controls, wall, settings), handle, indent=2)
+    pictures = prove_options.write_pictures(args, chosen, checks, controls)
     if args.report:
         with open(args.report, "w") as handle:
-            handle.write(report(checks, controls, wall, settings))
+            handle.write(prove_options.html_report(args, chosen, checks, controls, wall, settings, pictures)
+                         if args.report.endswith(".html") else report(checks, controls, wall, settings))
     ok = all(o.ok for o in checks) and all(c.ok for c in controls)
     return 0 if ok else 1
 

@@ -12,20 +12,23 @@ import numpy as np  # noqa: E402
 from attnformal.cli import atomic_path  # noqa: E402
 from attnformal.scale.sweep import MaskRun, Series  # noqa: E402
 
-LINESTYLES = ("-", "--")  # first implementation solid, the --vs one dashed
+# Each implementation its own colour and marker (the --vs one: red squares), each mask its own line style.
+IMPL_COLOURS = ("#1f77b4", "#d62728")
 MARKERS = ("o", "s")
+MASK_STYLES = ("-", "--", "-.")  # dotted is the schedule's predicted slope
 
 
 def plot_sweep(path, runs: list[MaskRun], param: str, title: str, overhead_factor: float):
     with_ratio = any(len(run.series) == 2 for run in runs)
     fig, axes = plt.subplots(1, 3 if with_ratio else 2, figsize=(19 if with_ratio else 13, 6.2))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for color, run in zip(colors, runs):
-        for style, marker, series in zip(LINESTYLES, MARKERS, run.series):
+    ratio_colours = plt.rcParams["axes.prop_cycle"].by_key()["color"][2:]  # not the implementations' two
+    for index, run in enumerate(runs):
+        style = MASK_STYLES[index % len(MASK_STYLES)]
+        for color, marker, series in zip(IMPL_COLOURS, MARKERS, run.series):
             _time_panel(axes[0], series, color, style, marker, overhead_factor)
             _memory_panel(axes[1], series, color, style, marker)
         if len(run.series) == 2:
-            _ratio_panel(axes[2], run, color)
+            _ratio_panel(axes[2], run, ratio_colours[index % len(ratio_colours)])
     _memory_guides(axes[1], runs)
     axes[0].set_title("time: median + IQR, fit (line), schedule's slope (dotted);\n"
                       "hollow = under the overhead line (faint, per series)", fontsize=10)
@@ -70,7 +73,7 @@ def _time_panel(ax, series: Series, color, style, marker, overhead_factor):
         label += "fit refused"
     else:
         fit = analysis.time
-        label += f"fit {fit.slope:.2f}±{fit.half_width():.2f}, schedule {analysis.predicted['schedule']:.2f}"
+        label += f"exponent {fit.slope:.2f}±{fit.half_width():.2f} (schedule {analysis.predicted['schedule']:.2f})"
     ax.errorbar(xs, med, yerr=[med - iqr[0], iqr[1] - med], fmt="none", ecolor=color, alpha=0.6, lw=1)
     flagged = np.array([p.x in analysis.flagged for p in points])
     ax.plot(xs[~flagged], med[~flagged], marker, color=color, ms=5, label=label)
@@ -97,7 +100,7 @@ def _memory_panel(ax, series: Series, color, style, marker):
     allocated = np.array([max(p.memory.allocated, 1) for p in points], float)
     analysis = series.analysis
     label = f"{series.candidate.label} {series.mask.label}: " + (
-        f"fit {analysis.memory.slope:.2f}" if analysis.memory else "fit refused")
+        f"exponent {analysis.memory.slope:.2f}" if analysis.memory else "fit refused")
     ax.plot(xs, allocated, marker, color=color, ms=5, label=label)
     reserved = [p.memory.reserved for p in points]
     if all(r is not None for r in reserved):

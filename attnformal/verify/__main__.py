@@ -17,6 +17,7 @@ from pathlib import Path
 from attnformal import cli
 from attnformal.adapters import ALIASES, resolve
 from attnformal.distributed import EngineMissing
+from attnformal.pictures import html
 from attnformal.verify import report as reporting
 from attnformal.verify.baseline import compare_baseline, load_baseline, save_baseline
 from attnformal.verify.battery import EXIT_CODES, make_executor, run_battery
@@ -31,7 +32,7 @@ from attnformal.verify.tolerances import PROFILES
 
 PROG = "python -m attnformal.verify"
 DEFAULT_DTYPES = "float32 bfloat16"
-EXAMPLE = (f"{PROG} --impl examples/causal_alignment_bug.py:attention --only 'mask.*'\n"
+EXAMPLE = (f"{PROG} --impl attnformal.examples.causal_alignment_bug:attention --only 'mask.*'\n"
            f"  {PROG} --impl sdpa-math --workers 2 --junit verify.xml")
 
 
@@ -64,6 +65,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster", metavar="ADDRESS", help="run on the Dask scheduler at ADDRESS")
     p.add_argument("--json", type=Path, metavar="FILE", help="results as JSON (rewritten after each check)")
     p.add_argument("--junit", type=Path, metavar="FILE", help="results as JUnit XML")
+    p.add_argument("--html", type=Path, metavar="FILE", help="one HTML page: tables, error maps, replays")
     p.add_argument("--save-baseline", type=Path, metavar="FILE", help="store this run as a baseline")
     p.add_argument("--baseline", type=Path, metavar="FILE", help="flag regressions against a stored baseline")
     p.add_argument("--repro-dir", type=Path, default=Path("verify-repro"), metavar="DIR",
@@ -90,7 +92,7 @@ def settings_from(args) -> Settings:
     impl = resolve(args.impl)
     folder = args.repro_dir / cli.impl_slug(args.impl)
     if not args.replay:
-        for option in ("json", "junit", "save_baseline"):
+        for option in ("json", "junit", "html", "save_baseline"):
             if getattr(args, option) is not None:
                 cli.output_file(getattr(args, option), f"--{option.replace('_', '-')}")
         cli.output_folder(folder, "--repro-dir")
@@ -190,6 +192,8 @@ def _run(args, settings: Settings, executor, baseline) -> int:
     write(report)
     if args.junit:
         cli.write_atomic(args.junit, reporting.to_junit(report))
+    if args.html:
+        cli.write_atomic(args.html, html.verify_report(report, previous))
     if args.save_baseline and report.state == "complete":
         save_baseline(report, args.save_baseline)
     print(f"results: {settings.repro_dir / RESULTS}")

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from attnformal.cli import DTYPES
+from attnformal.pictures.errors import write_error_map
 from attnformal.verify.checks import CHECKS, Check
 from attnformal.verify.coverage import run_coverage
 from attnformal.verify.diagnosis import Ranked, summarise
@@ -122,6 +123,7 @@ def _run(settings: Settings, executor, progress, on_result) -> BatteryReport:
         report.planned = len(pairs)
         tasks = [Task("check", chk.name, dtype_name(dtype), capabilities) for chk, dtype in pairs]
         for n, (task, result) in enumerate(executor.map(tasks), start=1):
+            write_error_map(settings, result)  # here, where the run's files go, whichever process ran the check
             report.results.append(result)
             _clock(report, start, cpu_start)
             if progress is not None:

@@ -1,7 +1,7 @@
 """Where a run's files go: one folder per implementation, results written as they complete.
 
 ``verify-repro/<implementation>/`` (``--repro-dir`` chooses the parent) holds this run's
-reproducers ``<check>-<dtype>.pt`` and ``results.json``, rewritten after every check, so a
+reproducers ``<check>-<dtype>.pt``, their error maps ``<check>-<dtype>.png`` and ``results.json``, rewritten after every check, so a
 Ctrl-C or a kill leaves everything finished so far. When a run starts, the files of the
 run before move to ``previous/`` (replacing what was there): an old reproducer is never
 mistaken for a new one, and nothing is deleted that the last run wrote.
@@ -22,7 +22,7 @@ PREVIOUS = "previous"
 def start_folder(folder: Path) -> int:
     """Move the previous run's files of ``folder`` into ``folder/previous``; return how many moved."""
     folder.mkdir(parents=True, exist_ok=True)
-    old = [p for p in folder.iterdir() if p.is_file() and (p.suffix == ".pt" or p.name == RESULTS)]
+    old = [p for p in folder.iterdir() if p.is_file() and (p.suffix in (".pt", ".png") or p.name == RESULTS)]
     if not old:
         return 0
     previous = folder / PREVIOUS

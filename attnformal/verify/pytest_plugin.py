@@ -29,6 +29,7 @@ import pytest
 
 from attnformal import cli
 from attnformal.distributed import EngineMissing
+from attnformal.pictures.errors import write_error_map
 from attnformal.verify.battery import BatteryReport, judge, make_executor, planned
 from attnformal.verify.coverage import run_coverage
 from attnformal.verify.execute import Task
@@ -193,6 +194,7 @@ class Battery(pytest.Collector):
             result = self.arrived.pop(label, None) or next(self.executor.map([self._task(check, dtype)]))[1]
         finally:
             torch.set_num_threads(threads)
+        write_error_map(self.settings, result)
         self.results.append(result)
         return result
 
@@ -238,6 +240,8 @@ class CheckItem(pytest.Item):
         lines += [f"-> {'[' + f.bug + '] ' if f.bug else ''}{f.evidence}" for f in r.findings]
         if r.command:
             lines.append(f"reproduce: {r.command}")
+        if r.picture:
+            lines.append(f"error map: {r.picture}")
         return "\n".join(lines)
 
     def reportinfo(self):

@@ -169,6 +169,8 @@ def _failures(report: BatteryReport) -> str:
             out.append(f"    -> {name}{f.evidence}")
         if r.command:
             out.append(f"    reproduce: {r.command}")
+        if r.picture:
+            out.append(f"    error map: {r.picture}")
         out.append("")
     return "\n".join(out)
 

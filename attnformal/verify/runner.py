@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from attnformal.pictures.errors import error_map_data
 from attnformal.testing import Comparison, format_ratio
 from attnformal.verify import diagnosis
 from attnformal.verify.calls import LAID_OUT, ContractError, Observed, Unsupported, call, case_features
@@ -104,6 +105,8 @@ class CheckResult:
     unsupported_cases: int = 0
     reference: str = ""
     coverage: dict = field(default_factory=dict)  # what the cases exercised (see .coverage)
+    error_map: dict | None = field(default=None, repr=False)  # a FAIL's error-map data, until it is drawn
+    picture: str | None = None  # the error map's PNG, next to the reproducer
 
     @property
     def label(self) -> str:
@@ -114,7 +117,7 @@ class CheckResult:
         return self.status in ("FAIL", "ERROR")
 
     def to_json(self) -> dict:
-        out = {k: v for k, v in self.__dict__.items() if k != "findings"}
+        out = {k: v for k, v in self.__dict__.items() if k not in ("findings", "error_map")}
         out["findings"] = [f.to_json() for f in self.findings]
         return out
 
@@ -345,6 +348,7 @@ def _explain(settings: Settings, worst: CaseRecord, result: CheckResult):
     if padded and failing and worst.observed is not None and _small_enough(worst.case):
         result.findings += diagnosis.mutant_findings(worst.case, worst.observed, failing, backward=worst.backward)
     result.findings = list(dict.fromkeys(result.findings))
+    result.error_map = error_map_data(worst, LAID_OUT)
     _save_reproducer(settings, worst, result)
 
 

@@ -39,7 +39,8 @@ def test_a_failing_check_shows_the_diagnosis_and_the_reproducer(battery, pyteste
     text = result.stdout.str()
     for expected in ("lse.values[float32]: FAIL", "-> [lse_base2] lse = 1.443 x the reference (= 1/ln 2)",
                      "reproduce: python -m attnformal.verify --impl buggy.py:attention --replay",
-                     "verify-repro/buggy.attention/lse.values-float32.pt", "verdict: FAIL"):
+                     "verify-repro/buggy.attention/lse.values-float32.pt", "verdict: FAIL",
+                     f"error map: {pytester.path / 'verify-repro/buggy.attention/lse.values-float32.png'}"):
         assert expected in text
 
 

@@ -1,0 +1,1 @@
+"""The documentation pages, installed with the package: ``attnformal docs PAGE`` prints one."""

@@ -11,10 +11,11 @@ the host code before a kernel launch), never on a copy. It exposes ``TITLE``,
 from attnformal.proofs import (backward, floating_point, gqa, launch, loop_invariant, mask_semantics, masked_rows,
                                merge_correctness, monoid, npu_masks, sinks, splits, tile_classification,
                                tile_classification_slow, tile_contiguity_slow, varlen, vocabulary)
+from attnformal.proofs import head_tensors, score_bias
 
 OBLIGATIONS = (merge_correctness, monoid, loop_invariant, masked_rows, tile_classification, gqa, backward,
                floating_point, npu_masks, mask_semantics, splits, launch, vocabulary, tile_classification_slow,
-               tile_contiguity_slow, varlen, sinks)
+               tile_contiguity_slow, varlen, sinks, score_bias, head_tensors)
 
 # What the obligations take on trust: the report's "trusted, not proved" section, with what is
 # checked only on bounded domains and the axioms the proofs used (both read off the results).

@@ -23,6 +23,8 @@ from attnformal.proofs import meaning
 from attnformal.spec import AttentionSpec
 
 TITLE = "Torch index tensors (kv_heads, key_lengths)"
+# Compared with the meaning, never with the integer definition kv_heads is built from.
+STATED_WITHOUT = ("attnformal.spec.kv_head_of",)
 MAX_HEADS = 32
 MAX_BATCH, MAX_KEYS = 3, 3
 

@@ -52,6 +52,8 @@ from attnformal.proofs.keysets import (EXP_AXIOMS, describe, identity_state, key
 from attnformal.proofs.tile_classification import Tile, overriding
 
 TITLE = "Split-KV parts and combine"
+# fold_row is evaluated as the kernels call it, never restated with the merge's own start.
+STATED_WITHOUT = ("attnformal.merge.initial_state", "attnformal.merge.sink_state")
 PROVES_SCHEDULES = True  # the named schedules' num_splits (and overridden methods) are proven here
 NUM_SPLITS = (1, 2, 3, 4)
 MAX_PARTIALS = 8  # combine is shown to be the fold of the merge for up to this many partial states

@@ -4,14 +4,14 @@ W ranks -- processes in a ``torch.distributed`` gloo group, started once and reu
 one contiguous slice of the keys and values, and the queries.
 
 Forward. Each rank folds its key slice tile by tile, ``state = merge(state, block_state(tile))``
-(the spec's functions, through :func:`attnformal.kernels.split_kv.fold_row`: one part), into a partial state for every query row. The W partial states are
-combined over ``torch.distributed`` by a ring reduce-scatter whose operator is the spec's
-``merge``: the query rows are cut into W chunks; at step ``t`` rank ``r`` sends its running
-state of chunk ``(r - t) mod W`` to rank ``r + 1`` and merges the one it receives from rank
-``r - 1`` into its own. After ``W - 1`` steps rank ``r`` holds chunk ``(r + 1) mod W`` over all
-keys and finalises it (``merge.finalize``). Each chunk is folded starting from a different rank,
-so the chunks see the key slices in different orders and groupings: that every order gives the
-same state is the monoid theorem -- ``merge`` is associative and commutative with the empty
+(the spec's functions, in :func:`attnformal.kernels.split_kv.fold_row`: one part, no sink), into
+a partial state for every query row. The W partial states are combined over ``torch.distributed``
+by a ring reduce-scatter whose operator is the spec's ``merge``: the query rows are cut into W
+chunks; at step ``t`` rank ``r`` sends its running state of chunk ``(r - t) mod W`` to rank
+``r + 1`` and merges the one it receives from rank ``r - 1`` into its own. After ``W - 1`` steps
+rank ``r`` holds chunk ``(r + 1) mod W`` over all keys and finalises it (``merge.finalize``).
+Each chunk is folded starting from a different rank, so the chunks see the key slices in
+different orders and groupings: that every order gives the same state is the monoid theorem -- ``merge`` is associative and commutative with the empty
 state as identity, obligation 2 of ``python -m attnformal.prove`` (and obligation 1 that a merge
 of disjoint key sets is the state of their union).
 

@@ -2,7 +2,8 @@
 
 Forward: for each query block, fold the visited key tiles into a softmax state with
 ``merge(state, block_state(tile))`` (one state per split-KV part, then ``combine``; the sink
-merged once, into the first part), and finalise: :func:`attnformal.kernels.split_kv.fold_row`. Backward: recompute P from the saved log-sum-exp tile by tile
+merged once, into the first part), and finalise: :func:`attnformal.kernels.split_kv.fold_row`.
+Backward: recompute P from the saved log-sum-exp tile by tile
 (:func:`attnformal.tile.tile_grads_and_dbias`); ``d sinks`` from ``lse`` and ``rowsum(dO * O)``.
 Nothing of size ``Sq x Sk`` is built, except ``d bias`` when the bias requires grad (it is
 summed down to the bias's own shape); fp16 and bf16 inputs are computed in float32, float64

@@ -5,9 +5,10 @@ features); the spec's own code is what runs here.
 
 * **(a) ALiBi for all lengths (Z3).** For every batch element ``b`` (symbolic) of a symbolic spec --
   ``Sq, Sk >= 0``, with or without ``kv_lens`` (a Z3 array, ``0 <= kv_lens[b] <= Sk``) -- every
-  ``0 <= i < Sq``, ``0 <= j < Sk`` and real slope: ``features.alibi.alibi_bias(i, j, slope, Sq, spec.geometry(b).len_k)``
-  (what ``AlibiSlopes.score_bias`` computes, with ``spec.key_lengths``' ``geometry(b).len_k``)
-  equals ``-slope * |i + Sk_b - Sq - j|``, ``Sk_b = kv_lens[b]`` or ``Sk``.
+  ``0 <= i < Sq``, ``0 <= j < Sk`` and real slope:
+  ``features.alibi.alibi_bias(i, j, slope, Sq, spec.geometry(b).len_k)`` (what
+  ``AlibiSlopes.score_bias`` computes, with ``spec.key_lengths``' ``geometry(b).len_k``) equals
+  ``-slope * |i + Sk_b - Sq - j|``, ``Sk_b = kv_lens[b]`` or ``Sk``.
 * **(b) The tensors the kernels add (checked: B <= 2, Hq = 2, Sq, Sk <= 3).** ``spec.score_bias``
   on every tile of 2 x 2 of every batch group the kernels form (``spec.batch_groups()``), and
   ``spec.dense_score_bias`` (the adapters' and the references' one table), equal entry by entry

@@ -41,9 +41,9 @@ def code_names(text: str) -> set[str]:
 def missing(text: str, names: set[str]) -> list[str]:
     files = {p.name for part in ("attnformal", "proofs", "kernels") for p in (ROOT / part).rglob("*.py")}
     absent = [s for s in sorted(code_names(text)) if not (s in files if s.endswith(".py") else
-                                                         all(part in names for part in s.removesuffix("()").split(".")))]
-    absent += [s for s in sorted(set(re.findall(r"`([^`\n]+)`", text))) if PATH.fullmatch(s) and not (ROOT / s).exists()]
-    return absent
+                                                         all(p in names for p in s.removesuffix("()").split(".")))]
+    spans = sorted(set(re.findall(r"`([^`\n]+)`", text)))
+    return absent + [s for s in spans if PATH.fullmatch(s) and not (ROOT / s).exists()]
 
 
 def test_every_code_name_docs_proofs_mentions_exists():

@@ -11,9 +11,10 @@ chunks; at step ``t`` rank ``r`` sends its running state of chunk ``(r - t) mod 
 ``r + 1`` and merges the one it receives from rank ``r - 1`` into its own. After ``W - 1`` steps
 rank ``r`` holds chunk ``(r + 1) mod W`` over all keys and finalises it (``merge.finalize``).
 Each chunk is folded starting from a different rank, so the chunks see the key slices in
-different orders and groupings: that every order gives the same state is the monoid theorem -- ``merge`` is associative and commutative with the empty
-state as identity, obligation 2 of ``python -m attnformal.prove`` (and obligation 1 that a merge
-of disjoint key sets is the state of their union).
+different orders and groupings: that every order gives the same state is the monoid theorem --
+``merge`` is associative and commutative with the empty state as identity, obligation 2 of
+``python -m attnformal.prove`` (and obligation 1 that a merge of disjoint key sets is the state
+of their union).
 
 Backward (FlashAttention-2). Every rank gets dO, out and lse, computes ``delta = rowsum(dO * out)``
 and ``tile.tile_grads`` over its key slice for all rows: its dK and dV are complete; the dQ

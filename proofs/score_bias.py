@@ -39,7 +39,7 @@ from attnformal.proofs import meaning
 from attnformal.proofs.integers import symbolic_spec
 from attnformal.spec import AttentionSpec
 
-TITLE = "ALiBi, bias and softcap (the spec's text and order)"
+TITLE = "ALiBi, bias, softcap (text and order)"
 # The cap and the key lengths are stated by the meaning, not by the code under test.
 STATED_WITHOUT = ("attnformal.features.softcap.apply_softcap", "attnformal.spec.AttentionSpec.key_lengths")
 MAX_BATCH, HEADS, MAX_LEN, BLOCK = 2, 2, 3, 2  # (b)'s domain

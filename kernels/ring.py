@@ -4,16 +4,17 @@ W ranks -- processes in a ``torch.distributed`` gloo group, started once and reu
 one contiguous slice of the keys and values, and the queries.
 
 Forward. Each rank folds its key slice tile by tile, ``state = merge(state, block_state(tile))``
-(the spec's functions), into a partial state for every query row. The W partial states are
-combined over ``torch.distributed`` by a ring reduce-scatter whose operator is the spec's
-``merge``: the query rows are cut into W chunks; at step ``t`` rank ``r`` sends its running
-state of chunk ``(r - t) mod W`` to rank ``r + 1`` and merges the one it receives from rank
-``r - 1`` into its own. After ``W - 1`` steps rank ``r`` holds chunk ``(r + 1) mod W`` over all
-keys and finalises it (``merge.finalize``). Each chunk is folded starting from a different rank,
-so the chunks see the key slices in different orders and groupings: that every order gives the
-same state is the monoid theorem -- ``merge`` is associative and commutative with the empty
-state as identity, obligation 2 of ``python -m attnformal.prove`` (and obligation 1 that a merge
-of disjoint key sets is the state of their union).
+(the spec's functions, in :func:`attnformal.kernels.split_kv.fold_row`: one part, no sink), into
+a partial state for every query row. The W partial states are combined over ``torch.distributed``
+by a ring reduce-scatter whose operator is the spec's ``merge``: the query rows are cut into W
+chunks; at step ``t`` rank ``r`` sends its running state of chunk ``(r - t) mod W`` to rank
+``r + 1`` and merges the one it receives from rank ``r - 1`` into its own. After ``W - 1`` steps
+rank ``r`` holds chunk ``(r + 1) mod W`` over all keys and finalises it (``merge.finalize``).
+Each chunk is folded starting from a different rank, so the chunks see the key slices in
+different orders and groupings: that every order gives the same state is the monoid theorem --
+``merge`` is associative and commutative with the empty state as identity, obligation 2 of
+``python -m attnformal.prove`` (and obligation 1 that a merge of disjoint key sets is the state
+of their union).
 
 Backward (FlashAttention-2). Every rank gets dO, out and lse, computes ``delta = rowsum(dO * out)``
 and ``tile.tile_grads`` over its key slice for all rows: its dK and dV are complete; the dQ
@@ -41,6 +42,7 @@ import torch.distributed as dist
 
 from attnformal import ops
 from attnformal.kernels import protocol_entry
+from attnformal.kernels.split_kv import fold_row
 from attnformal.kernels.torch_tiled import compute_dtype
 from attnformal.masks import may_attend
 from attnformal.merge import SoftmaxState, block_state, empty_state, finalize, merge
@@ -147,12 +149,13 @@ class _Slice:
 
     def state(self, rows) -> SoftmaxState:
         spec = self.spec
-        state = empty_state((spec.batch, spec.heads_q, rows.stop - rows.start), spec.head_dim_v, dtype=self.dtype)
-        for cols in self.key_blocks():
-            s, _ = tile_scores(self.q[:, :, rows], self.local(self.k, cols), spec.scale, spec.softcap,
-                               self.allowed(rows, cols))
-            state = merge(state, block_state(s, self.local(self.v, cols), self.weights(rows, cols)))
-        return state
+        empty = empty_state((spec.batch, spec.heads_q, rows.stop - rows.start), spec.head_dim_v, dtype=self.dtype)
+        return fold_row([self.key_blocks()], empty, lambda cols: self.tile_state(rows, cols))  # one part, no sink
+
+    def tile_state(self, rows, cols) -> SoftmaxState:
+        s, _ = tile_scores(self.q[:, :, rows], self.local(self.k, cols), self.spec.scale, self.spec.softcap,
+                           self.allowed(rows, cols))
+        return block_state(s, self.local(self.v, cols), self.weights(rows, cols))
 
 
 def _pack(state: SoftmaxState) -> torch.Tensor:

@@ -1,9 +1,9 @@
 """Tiled FlashAttention-2 in plain torch, driven by the schedule; runs on any torch device.
 
 Forward: for each query block, fold the visited key tiles into a softmax state with
-``merge(state, block_state(tile))`` (one state per split-KV part, then :func:`combine`),
-and finalise; the first part's fold starts from the sink state when there are sinks
-(``merge.initial_state``). Backward: recompute P from the saved log-sum-exp tile by tile
+``merge(state, block_state(tile))`` (one state per split-KV part, then ``combine``; the sink
+merged once, into the first part), and finalise: :func:`attnformal.kernels.split_kv.fold_row`.
+Backward: recompute P from the saved log-sum-exp tile by tile
 (:func:`attnformal.tile.tile_grads_and_dbias`); ``d sinks`` from ``lse`` and ``rowsum(dO * O)``.
 Nothing of size ``Sq x Sk`` is built, except ``d bias`` when the bias requires grad (it is
 summed down to the bias's own shape); fp16 and bf16 inputs are computed in float32, float64
@@ -15,12 +15,12 @@ from __future__ import annotations
 import torch
 
 from attnformal.masks import may_attend
-from attnformal.merge import block_state, empty_state, finalize, initial_state, merge
+from attnformal.merge import block_state, empty_state, finalize
 from attnformal.schedule import FULL, TileSchedule
 from attnformal.spec import AttentionSpec
 from attnformal.tile import sink_grads, tile_grads_and_dbias, tile_scores
 from attnformal.kernels import protocol_entry
-from attnformal.kernels.split_kv import combine
+from attnformal.kernels.split_kv import fold_row
 
 # The protocol features this kernel computes; any other active one is refused.
 SUPPORTS = frozenset({"causal", "window", "chunk_size", "kv_lens", "prefix_lens", "attn_mask", "softcap",
@@ -103,6 +103,11 @@ class _Problem:
                            self.spec.softcap, self.allowed(bm, bn, rows, cols), self.bias(rows, cols))
         return s
 
+    def tile_state(self, bm, bn):
+        """The softmax state of tile ``(bm, bn)``."""
+        rows, cols = self.rows(bm), self.cols(bn)
+        return block_state(self.scores(bm, bn), self.kv(self.v, cols), self.dropout_weights(rows, cols))
+
 
 def _span(block, size, length):
     return slice(block * size, min((block + 1) * size, length))
@@ -122,19 +127,10 @@ def _forward(spec, schedule, q, k, v):
         pb = _Problem(spec, schedule, batches, q, k, v)
         for bm in range(schedule.num_q_blocks(pb.g)):
             rows = pb.rows(bm)
-            partials = []
-            for part, blocks in enumerate(schedule.split_ranges(bm, pb.g)):
-                shape = (len(batches), spec.heads_q, rows.stop - rows.start)
-                # The sink is merged once per row: into the first split-KV part's fold.
-                state = empty_state(shape, spec.head_dim_v, dtype=dtype, device=q.device)
-                if part == 0:
-                    state = initial_state(state, pb.sinks(rows))
-                for bn in blocks:
-                    cols = pb.cols(bn)
-                    tile = block_state(pb.scores(bm, bn), pb.kv(pb.v, cols), pb.dropout_weights(rows, cols))
-                    state = merge(state, tile)
-                partials.append(state)
-            o, row_lse = finalize(combine(partials))
+            shape = (len(batches), spec.heads_q, rows.stop - rows.start)
+            empty = empty_state(shape, spec.head_dim_v, dtype=dtype, device=q.device)
+            o, row_lse = finalize(fold_row(schedule.split_ranges(bm, pb.g), empty,
+                                           lambda bn: pb.tile_state(bm, bn), pb.sinks(rows)))
             out[batches, :, rows] = o
             lse[batches, :, rows] = row_lse.squeeze(-1)
     return out, lse

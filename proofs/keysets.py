@@ -35,6 +35,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+import sympy
 import z3
 
 from attnformal import ops
@@ -118,6 +119,11 @@ class KeySet:
 def empty_state() -> SoftmaxState:
     """state({}) = (-inf, 0, 0), the identity of the merge."""
     return SoftmaxState(ExtendedReal.lift(NEG_INF), ExtendedReal.finite(0), ExtendedReal.finite(0))
+
+
+def identity_state() -> SoftmaxState:
+    """The merge's identity ``(-oo, 0, 0)`` in SymPy (what a kernel's fold starts from)."""
+    return SoftmaxState(sympy.sympify(NEG_INF), sympy.Integer(0), sympy.Integer(0))
 
 
 def union_state(*sets: KeySet) -> SoftmaxState:

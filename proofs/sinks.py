@@ -17,11 +17,16 @@ between or last of any number of tiles, split-KV parts or devices gives ``state(
 the dense definition above. A sink of ``-inf`` merged on either side gives ``state(K)``: no sink.
 Axioms ``exp-positive``, ``exp-add``, ``exp-zero``; hypothesis ``E >= exp(M)`` for nonempty ``K``.
 
-**Theorem Sb (SymPy, exact).** The row's result, as the kernels produce it (the fold started
-from ``merge.initial_state(e, sigma) = merge(e, sink_state(sigma))``, then ``finalize``): for nonempty ``K``
+**Theorem Sb (SymPy, exact).** The row's result, as the kernels produce it (their fold,
+``kernels.split_kv.fold_row``, which starts from ``merge.initial_state(e, sigma) = merge(e, sink_state(sigma))``,
+then ``finalize``): for nonempty ``K``
 ``out = A / (E + exp(sigma))`` and ``lse = log(E + exp(sigma))``, both orders of ``M`` and
 ``sigma``; for empty ``K``, ``out = 0`` and ``lse = sigma`` (not ``-inf``); with ``sigma = -oo``,
 ``(A/E, log E)`` and ``(0, -oo)``: the rules without a sink.
+
+**Theorem Sc (SymPy, exact; obligation 11 (e) with a sink).** ``fold_row`` over 1 to 3 split-KV
+parts of 0 to 2 key blocks each merges the sink's state exactly once per row (into one part), and
+every block's state once: with Sa, the row's state is ``state(K u {sink})`` however the keys are split.
 
 Negative controls: the sink given a value (``acc = v``), and the sink left out of lse (the
 kernel normalises ``out`` with the sink but finalises ``lse`` from the state without it).
@@ -38,17 +43,22 @@ import z3
 from attnformal import merge as spec
 from attnformal.domains import ExtendedReal
 from attnformal.logic import Budget, Control, Query, Settings, check_identities, check_z3
+from attnformal.kernels import split_kv
 from attnformal.merge import SoftmaxState
-from attnformal.proofs.keysets import (EXP_AXIOMS, KeySet, describe, key_set_cases, real_exp, same_state,
-                                       show_state, union_state)
+from attnformal.proofs import splits
+from attnformal.proofs.keysets import (EXP_AXIOMS, KeySet, describe, identity_state, key_set_cases, real_exp,
+                                       same_state, show_state, union_state)
 
 TITLE = "Attention sinks (one more merge state)"
+# The row is the kernels' own fold (split_kv.fold_row), never a fold order restated here.
+STATED_WITHOUT = ("attnformal.merge.initial_state",)
 
 
 def checks(settings: Settings, budget: Budget):
     yield sink_is_a_key_set(budget)
     yield minus_inf_sink_is_no_sink(budget)
     yield row_result(budget)
+    yield splits.fold_row_merges_each_once(budget, with_sink=True)
 
 
 @dataclass(frozen=True)
@@ -105,14 +115,9 @@ def minus_inf_sink_is_no_sink(budget: Budget):
 
 
 def kernel_row(key_state: SoftmaxState, sigma):
-    """The kernels' row: the fold starts from ``initial_state(e, sigma)`` (``merge(e, sink_state(sigma))``),
-    takes the keys, finalises."""
-    start = spec.initial_state(identity_state(), sigma)
-    return spec.finalize(spec.merge(start, key_state))
-
-
-def identity_state() -> SoftmaxState:
-    return SoftmaxState(sympy.sympify(spec.NEG_INF), sympy.Integer(0), sympy.Integer(0))
+    """The kernels' row: their own fold (``split_kv.fold_row``: the sink into the first part, one part here
+    whose one block has the keys' state), finalised."""
+    return spec.finalize(split_kv.fold_row([[0]], identity_state(), lambda bn: key_state, sigma))
 
 
 @dataclass(frozen=True)
@@ -173,11 +178,20 @@ def kernel_row_lse_without_sink(key_state: SoftmaxState, sigma):
     return out, lse
 
 
+def _fold_sink_in_every_part(parts, empty, tile_state, sinks=None):
+    """BROKEN: the sink is merged into each part's fold (counted once per part)."""
+    return split_kv.combine([_FOLD_ROW([blocks], empty, tile_state, sinks) for blocks in parts])
+
+
+_FOLD_ROW = split_kv.fold_row
 KERNEL_ROW = kernel_row  # the real one, which the broken variant calls for ``out``
 
 CONTROLS = (
     Control("sink given a value", "sink_state is (sink, 1, v) instead of (sink, 1, 0): the sink adds v to out",
             spec, "sink_state", sink_state_with_a_value, row_result),
+    Control("sink merged into every split part", "fold_row starts every part's fold from the sink state, "
+            "not only the first", split_kv, "fold_row", _fold_sink_in_every_part,
+            lambda budget: splits.fold_row_merges_each_once(budget, with_sink=True)),
     Control("sink left out of lse", "out is normalised with the sink, lse finalised from the keys' state alone",
             sys.modules[__name__], "kernel_row", kernel_row_lse_without_sink, row_result),
 )

@@ -24,23 +24,40 @@
   ``n``, ``combine`` of the states of up to 8 disjoint key sets is the state of their union;
   with (a) and (b), the partial states of the split parts combine to the state of the whole
   visited range, which ``finalize`` turns into the answer (obligations 3, 4).
+* **(e) The kernels' own fold, ``kernels.split_kv.fold_row`` (SymPy, exact; 1 to 3 parts of 0 to 2
+  blocks each).** The function ``torch_tiled._forward`` and the ring kernel call per row block,
+  evaluated on symbolic states: key block ``bn``'s state is ``(0, w_bn, 0)`` (``w_bn`` a positive
+  symbol), so the real ``merge`` adds the ``l`` of the states it is given (equal maxima) and the
+  result's ``l`` counts how often each state was merged. It is ``sum_bn w_bn`` over every block of
+  every part: each visited block merged exactly once, the empty start merged into nothing. With
+  sinks (obligation 17, Theorem Sc) the sink's state ``(0, 1, 0)`` adds exactly 1: merged once per
+  row, whatever the number of parts. With (c), (d) and Theorem 1a, the row's state is then the
+  state of the union of the parts' key sets (and the sink).
 """
 
 from __future__ import annotations
 
+import itertools
+
+import sympy
 import z3
 
 from attnformal import schedule
 from attnformal.kernels import split_kv
-from attnformal.logic import Budget, Control, Query, Settings, check_z3, patched, plain_solver
+from attnformal.logic import Budget, Control, Query, Settings, check_identities, check_z3, patched, plain_solver
+from attnformal.merge import SoftmaxState
 from attnformal.proofs.integers import floor_division, floor_division_lemma, geometries, symbolic_schedule
-from attnformal.proofs.keysets import EXP_AXIOMS, describe, key_set_cases, same_state, show_state, union_state
+from attnformal.proofs.keysets import (EXP_AXIOMS, describe, identity_state, key_set_cases, same_state, show_state,
+                                       union_state)
 from attnformal.proofs.tile_classification import Tile, overriding
 
 TITLE = "Split-KV parts and combine"
+# fold_row is evaluated as the kernels call it, never restated with the merge's own start.
+STATED_WITHOUT = ("attnformal.merge.initial_state", "attnformal.merge.sink_state")
 PROVES_SCHEDULES = True  # the named schedules' num_splits (and overridden methods) are proven here
 NUM_SPLITS = (1, 2, 3, 4)
 MAX_PARTIALS = 8  # combine is shown to be the fold of the merge for up to this many partial states
+FOLD_PARTS, FOLD_BLOCKS = 3, 2  # fold_row's shapes: 1..FOLD_PARTS parts of 0..FOLD_BLOCKS key blocks each
 
 
 def checks(settings: Settings, budget: Budget):
@@ -54,6 +71,7 @@ def checks(settings: Settings, budget: Budget):
     pairs = combine_is_union(budget)
     yield pairs
     yield combine_is_fold(pairs, budget)
+    yield fold_row_merges_each_once(budget, with_sink=False)
 
 
 def parts_partition(lemma, budget: Budget):
@@ -120,6 +138,30 @@ def combine_is_fold(pairs, budget: Budget):
                     queries, budget=budget, by=(pairs,))
 
 
+def fold_shapes():
+    """Every split of consecutive key blocks into 1..FOLD_PARTS parts of 0..FOLD_BLOCKS blocks."""
+    for count in range(1, FOLD_PARTS + 1):
+        for sizes in itertools.product(range(FOLD_BLOCKS + 1), repeat=count):
+            ends = list(itertools.accumulate(sizes))
+            yield [range(end - size, end) for size, end in zip(sizes, ends)]
+
+
+def fold_row_merges_each_once(budget: Budget, with_sink: bool):
+    weight = sympy.IndexedBase("w", positive=True)
+
+    def pairs():
+        for parts in fold_shapes():
+            folded = split_kv.fold_row(parts, identity_state(), lambda bn: SoftmaxState(0, weight[bn], 0),
+                                       sympy.Integer(0) if with_sink else None)
+            expected = int(with_sink) + sum(weight[bn] for blocks in parts for bn in blocks)
+            yield f"parts {[list(p) for p in parts]}", sympy.nsimplify(folded.l), expected
+
+    sink = "and the sink's (0, 1, 0) once per row, " if with_sink else ""
+    return check_identities(f"fold_row merges every part's blocks' states (0, w_bn, 0) once, {sink}l = "
+                            f"{'1 + ' if with_sink else ''}sum w_bn ({FOLD_PARTS} parts or fewer of up to "
+                            f"{FOLD_BLOCKS} blocks)", pairs(), budget=budget, hypotheses=("w_bn > 0",))
+
+
 # ---- negative controls
 
 
@@ -134,8 +176,14 @@ def _combine_all_but_last(partials):
     return _COMBINE(partials[:-1]) if len(partials) > 1 else _COMBINE(partials)
 
 
+def _fold_skipping_the_last_block(parts, empty, tile_state, sinks=None):
+    """BROKEN: each part's last key block is left out of the fold."""
+    return _FOLD_ROW([blocks[:-1] for blocks in parts], empty, tile_state, sinks)
+
+
 _SPLIT_PART = schedule.split_part
 _COMBINE = split_kv.combine
+_FOLD_ROW = split_kv.fold_row
 
 
 CONTROLS = (
@@ -151,4 +199,7 @@ CONTROLS = (
     Control("combine drops the last of many", "combine merges all partial states but the last, from 3 on",
             split_kv, "combine", lambda partials: _COMBINE(partials[:-1] if len(partials) > 2 else partials),
             lambda budget: combine_is_fold(combine_is_union(budget), budget)),
+    Control("fold_row skips a block per part", "the kernels' fold leaves each part's last key block out",
+            split_kv, "fold_row", _fold_skipping_the_last_block,
+            lambda budget: fold_row_merges_each_once(budget, with_sink=False)),
 )

@@ -27,7 +27,10 @@ every in-range key into ``[cu_k[b], cu_k[b+1])``. So no FULL tile (nor any tile)
 **Theorem 16c (the index map is a bijection; Z3).** Injective for all B: ``query_rows(b, i) =
 query_rows(b', i')`` with both in range implies ``b = b'`` and ``i = i'`` (keys likewise). Onto for
 ``B <= 8`` (an existential over ``b``, written out): every ``0 <= r < cu[B]`` is ``query_rows(b, i)``
-for some in-range ``(b, i)``.
+for some ``b`` and its in-range ``i = r - cu[b]``.
+
+Every claim's ranges are written on the arrays themselves (``cu[b] <= row < cu[b+1]``, lengths
+``cu[b+1] - cu[b]``), never with the functions of :mod:`attnformal.features.varlen` under test.
 """
 
 from __future__ import annotations
@@ -40,6 +43,10 @@ from attnformal.logic import Budget, Control, Query, Settings, check_z3
 from attnformal.proofs.integers import domain, spec_families, symbolic_spec
 
 TITLE = "Packed variable-length batches"
+# The claims' ranges are written on the arrays; these functions under test are reached only through the
+# index maps (query_rows, key_rows) the claims are about (tests/proofs/test_statements.py).
+STATED_WITHOUT = ("attnformal.features.varlen.sequence_start", "attnformal.features.varlen.sequence_length",
+                  "attnformal.features.varlen.packed_index")
 ONTO_UP_TO = 8  # batch sizes for which 16c's surjectivity is checked (the other claims hold for all B)
 
 B = z3.Int("B")
@@ -75,14 +82,16 @@ def sequence_hypotheses(spec, *indices):
     for b in indices:
         hypotheses.append((f"0 <= {b} < B", z3.And(0 <= b, b < B)))
         if spec.kv_lens is not None:
-            keys = varlen.sequence_length(CU_K, b)
+            keys = CU_K[b + 1] - CU_K[b]
             hypotheses.append((f"0 <= kv_lens[{b}] <= len_k({b})",
                                z3.And(0 <= spec.kv_lens[b], spec.kv_lens[b] <= keys)))
     return tuple(hypotheses)
 
 
 def in_sequence(cu, b, row):
-    return z3.And(varlen.sequence_start(cu, b) <= row, row < varlen.sequence_start(cu, b + 1))
+    """Packed row ``row`` belongs to sequence ``b``: ``cu[b] <= row < cu[b+1]`` (the meaning of the cumulative
+    lengths, written on the array itself: never with ``varlen``'s functions, which are under test)."""
+    return z3.And(cu[b] <= row, row < cu[b + 1])
 
 
 def no_cross_sequence_key(budget: Budget):
@@ -110,9 +119,11 @@ def tiles_within_a_sequence(budget: Budget):
         for label, values in spec_families():
             spec = packed_spec(values)
             g = spec.geometry(b)
-            len_q, len_k = spec.sequence_lengths(b)
+            len_q, len_k = CU_Q[b + 1] - CU_Q[b], CU_K[b + 1] - CU_K[b]  # the meaning, not sequence_lengths
             row, key = varlen.query_rows(spec, b, i), varlen.key_rows(spec, b, j)
-            claim = z3.And(len_q >= 0, len_k >= 0, g.len_q == len_q, 0 <= g.len_k, g.len_k <= len_k,
+            lengths = spec.sequence_lengths(b)
+            claim = z3.And(lengths[0] == len_q, lengths[1] == len_k, len_q >= 0, len_k >= 0, g.len_q == len_q,
+                           0 <= g.len_k, g.len_k <= len_k,
                            z3.Implies(z3.And(0 <= i, i < len_q), in_sequence(CU_Q, b, row)),
                            z3.Implies(z3.And(0 <= j, j < len_k), in_sequence(CU_K, b, key)))
             show = {"b": b, "i": i, "j": j, "len_q(b)": len_q, "len_k(b)": len_k, "packed row": row,
@@ -128,7 +139,7 @@ def map_is_injective(budget: Budget):
         b, other, i, i2 = z3.Ints("b b' i i'")
         spec = packed_spec({})
         for side, rows, cu in (("queries", varlen.query_rows, CU_Q), ("keys", varlen.key_rows, CU_K)):
-            lengths = [spec.sequence_lengths(x)[0 if side == "queries" else 1] for x in (b, other)]
+            lengths = [cu[x + 1] - cu[x] for x in (b, other)]
             premise = z3.And(0 <= i, i < lengths[0], 0 <= i2, i2 < lengths[1],
                              rows(spec, b, i) == rows(spec, other, i2))
             show = {"b": b, "b'": other, "i": i, "i'": i2, "row(b, i)": rows(spec, b, i)}
@@ -145,9 +156,9 @@ def map_is_onto(budget: Budget):
             spec = packed_spec({}).replace(batch=batch)
             for side, rows, cu in (("queries", varlen.query_rows, CU_Q), ("keys", varlen.key_rows, CU_K)):
                 hits = []
-                for b in range(batch):
-                    length = spec.sequence_lengths(b)[0 if side == "queries" else 1]
-                    hits.append(z3.And(rows(spec, b, 0) <= r, r < rows(spec, b, length)))
+                for b in range(batch):  # r = rows(b, i) with i = r - cu[b] in [0, cu[b+1] - cu[b])
+                    i = r - cu[b]
+                    hits.append(z3.And(0 <= i, i < cu[b + 1] - cu[b], rows(spec, b, i) == r))
                 hypotheses = (*cumulative(cu, "cu", list(range(batch)), batch),
                               ("0 <= r < cu[B]", z3.And(0 <= r, r < cu[batch])))
                 yield Query(z3.Or(*hits), hypotheses, {"r": r, **{f"cu[{x}]": cu[x] for x in range(batch + 1)}},

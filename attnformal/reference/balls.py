@@ -47,13 +47,23 @@ NEG_INF = -math.inf
 class Balls:
     """Balls ``mid +- rad`` (float64 tensors); ``exact`` when every radius is 0 by construction."""
 
-    __slots__ = ("mid", "rad", "exact", "rounded")
+    __slots__ = ("mid", "rad", "exact", "rounded", "_magnitude")
 
-    def __init__(self, mid: torch.Tensor, rad: torch.Tensor | None = None, rounded: bool = False):
+    def __init__(self, mid: torch.Tensor, rad: torch.Tensor | None = None, rounded: bool = False,
+                 magnitude: torch.Tensor | None = None):
         self.mid = mid
         self.exact = rad is None
         self.rad = torch.zeros_like(mid) if rad is None else rad
         self.rounded = rounded  # no radius is 0 (see the module docstring): no exact value to look for
+        self._magnitude = magnitude
+
+    @property
+    def magnitude(self) -> torch.Tensor:
+        """``fb.mag(mid)``, computed once: a tile's P or dS is the operand of several products.
+        (Accumulators, whose ``mid`` is written in place, never ask for it: they are read by index.)"""
+        if self._magnitude is None:
+            self._magnitude = fb.mag(self.mid)
+        return self._magnitude
 
     @classmethod
     def of(cls, ball: fb.Ball) -> Balls:
@@ -76,7 +86,10 @@ class Balls:
         return _like(self, self.mid[index], self.rad[index])
 
     def swapaxes(self, a: int, b: int) -> Balls:
-        return _like(self, self.mid.swapaxes(a, b), self.rad.swapaxes(a, b))
+        swapped = _like(self, self.mid.swapaxes(a, b), self.rad.swapaxes(a, b))
+        if self._magnitude is not None:
+            swapped._magnitude = self._magnitude.swapaxes(a, b)
+        return swapped
 
     # ------------------------------------------------------------ arithmetic
 
@@ -109,7 +122,7 @@ class Balls:
         if isinstance(other, (int, float)):
             return _scaled(self, float(other))
         other = _lift(other)
-        product = Balls.result(fb.mul(self.ball, other.ball))
+        product = Balls.result(fb.mul(self.ball, other.ball, self.magnitude, other.magnitude))
         for a, b in ((self, other), (other, self)):
             if a.mid.dim() and a.shape[-1] > 1:
                 continue  # the facts matter for per-row factors (the merge's rescalings), not tile products
@@ -129,14 +142,14 @@ class Balls:
 
     def __matmul__(self, other) -> Balls:
         """``self @ other`` for an exact right operand (a float64 tensor, or exact balls)."""
-        if isinstance(other, Balls):
-            if not other.exact:
-                raise TypeError("Balls @ Balls: the right operand must be exact (the inputs q, k, v, dO)")
-            other = other.mid
+        if not isinstance(other, Balls):
+            other = Balls(other)
+        elif not other.exact:
+            raise TypeError("Balls @ Balls: the right operand must be exact (the inputs q, k, v, dO)")
         terms = other.shape[-2]
         if self.exact:
-            return Balls.result(fb.dot(self.mid, other), terms)
-        return Balls.result(fb.matmul(self.ball, other), terms)
+            return Balls.result(fb.dot(self.mid, other.mid, self.magnitude, other.magnitude), terms)
+        return Balls.result(fb.matmul(self.ball, other.mid, self.magnitude, other.magnitude), terms)
 
     def __gt__(self, x) -> torch.Tensor:
         """Where the whole ball lies above ``x``; raises OutOfRange where the ball straddles ``x``.
@@ -261,7 +274,7 @@ class _BallOps:
 
     @staticmethod
     def rowsum(p):
-        total = Balls.result(fb.sum_dim(p.ball, -1), p.shape[-1])
+        total = Balls.result(fb.sum_dim(p.ball, -1, p.magnitude), p.shape[-1])
         zeros = _is(p, 0.0)  # a sum of exact zeros is exactly 0
         if zeros is not None:
             zeros = zeros.all(dim=-1, keepdim=True)

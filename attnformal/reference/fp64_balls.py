@@ -90,30 +90,31 @@ def exact(x: torch.Tensor) -> Ball:
 # ---------------------------------------------------------------- products and sums
 
 
-def dot(a: torch.Tensor, b: torch.Tensor) -> Ball:
+def dot(a: torch.Tensor, b: torch.Tensor, mag_a=None, mag_b=None) -> Ball:
     """``a @ b`` of exact float64 tensors: error ``<= gamma_n |a| |b|`` (``n`` = inner size).
 
-    The bound's matmul adds ``n`` roundings and the scaling by gamma one more.
+    The bound's matmul adds ``n`` roundings and the scaling by gamma one more. ``mag_a``, ``mag_b``:
+    ``mag(a)``, ``mag(b)`` when the caller has them already (here and below).
     """
     n = a.shape[-1]
-    return Ball(a @ b, up_((mag(a) @ mag(b)).mul_(gamma(n)), n + 1))
+    return Ball(a @ b, up_((_given(a, mag_a) @ _given(b, mag_b)).mul_(gamma(n)), n + 1))
 
 
-def matmul(a: Ball, b: torch.Tensor) -> Ball:
+def matmul(a: Ball, b: torch.Tensor, mag_a=None, mag_b=None) -> Ball:
     """``a @ b`` for a ball ``a`` and an exact ``b``.
 
     ``|A b - fl(a.mid b)| <= a.rad |b| + gamma_n |a.mid| |b| = (gamma_n |a.mid| + a.rad) |b|``;
     the bound takes 2 roundings element-wise and ``n`` in its matmul.
     """
     n = a.mid.shape[-1]
-    return Ball(a.mid @ b, up_(_plus(mag(a.mid).mul_(gamma(n)), a.rad) @ mag(b), n + 2))
+    return Ball(a.mid @ b, up_(_plus(_scaled_mag(a.mid, mag_a, gamma(n)), a.rad) @ _given(b, mag_b), n + 2))
 
 
-def sum_dim(a: Ball, dim: int) -> Ball:
+def sum_dim(a: Ball, dim: int, mag_a=None) -> Ball:
     """Sum over ``dim`` (kept): error ``<= sum rad + gamma_n sum |mid|``, ``n + 2`` roundings."""
     n = a.mid.shape[dim]
     return Ball(a.mid.sum(dim, keepdim=True),
-                up_(_plus(mag(a.mid).mul_(gamma(n)), a.rad).sum(dim, keepdim=True), n + 2))
+                up_(_plus(_scaled_mag(a.mid, mag_a, gamma(n)), a.rad).sum(dim, keepdim=True), n + 2))
 
 
 def add(a: Ball, b: Ball) -> Ball:
@@ -140,10 +141,10 @@ def rsub_exact(t, a: Ball) -> Ball:
     return Ball(c, up_(_plus(_rounding(c), a.rad), 2))
 
 
-def mul(a: Ball, b: Ball) -> Ball:
+def mul(a: Ball, b: Ball, mag_a=None, mag_b=None) -> Ball:
     """``a * b``: ``|ab - fl(a.mid b.mid)| <= u|c| + |a.mid| b.rad + a.rad (|b.mid| + b.rad)``."""
     c = a.mid * b.mid
-    rad = _plus(_plus(_rounding(c), mag(a.mid) * b.rad), a.rad * _plus(mag(b.mid), b.rad))
+    rad = _plus(_plus(_rounding(c), _given(a.mid, mag_a) * b.rad), a.rad * _scaled_mag(b.mid, mag_b, 1.0, b.rad))
     return Ball(c, up_(rad, 5))
 
 
@@ -178,6 +179,23 @@ def div(a: Ball, b: Ball) -> Ball:
 def where(mask: torch.Tensor, a: Ball, other: float = 0.0) -> Ball:
     """``a`` where ``mask``, the exact value ``other`` elsewhere."""
     return Ball(torch.where(mask, a.mid, other), torch.where(mask, a.rad, 0.0))
+
+
+def _given(x: torch.Tensor, magnitude) -> torch.Tensor:
+    return mag(x) if magnitude is None else magnitude
+
+
+def _scaled_mag(x: torch.Tensor, magnitude, factor: float, plus=None) -> torch.Tensor:
+    """``factor * mag(x) [+ plus]`` as a fresh tensor: in place on ``mag(x)``, or from a given magnitude."""
+    if magnitude is None:
+        fresh = mag(x)
+        if factor != 1.0:
+            fresh.mul_(factor)
+    elif factor != 1.0:
+        fresh = magnitude * factor
+    else:
+        return magnitude if plus is None else magnitude + plus
+    return fresh if plus is None else _plus(fresh, plus)
 
 
 def _rounding(c: torch.Tensor) -> torch.Tensor:

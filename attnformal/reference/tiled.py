@@ -124,6 +124,9 @@ class _Tiles:
         self.b = list(task.batches)
         self.g = self.spec.geometry(task.batches[0])
         self.heads = self.spec.kv_heads()  # GQA: K and V repeated per query head
+        # each input with its magnitude, computed once per task instead of once per tile product
+        self.inputs = {name: (x, fb.mag(x)) for name, x in (("q", problem.q), ("k", problem.k), ("v", problem.v),
+                                                            ("grad_out", problem.grad_out)) if x is not None}
 
     def query_blocks(self):
         r0, r1 = self.task.rows
@@ -144,13 +147,18 @@ class _Tiles:
         return _span(bn, self.schedule.block_n, self.spec.len_k)
 
     def q(self, bm):
-        return Balls(self.p.q[:, :, self.rows(bm)][self.b])
+        return self._exact("q", lambda x: x[:, :, self.rows(bm)][self.b])
 
     def grad_out(self, bm):
-        return Balls(self.p.grad_out[:, :, self.rows(bm)][self.b])
+        return self._exact("grad_out", lambda x: x[:, :, self.rows(bm)][self.b])
 
-    def kv(self, t, bn):
-        return t[:, :, self.cols(bn)][self.b][:, self.heads]  # slice first: only the tile is copied
+    def kv(self, name, bn):
+        return self._exact(name, lambda x: x[:, :, self.cols(bn)][self.b][:, self.heads])  # slice first: a tile copied
+
+    def _exact(self, name, tile):
+        """The tile ``tile(x)`` of input ``name`` as exact balls, with its magnitude."""
+        x, magnitude = self.inputs[name]
+        return Balls(tile(x), magnitude=tile(magnitude))
 
     def allowed(self, bm, bn):
         """The tile's mask, or None for a FULL tile (the schedule's proven classification)."""
@@ -185,7 +193,7 @@ class _Tiles:
         return Balls(sinks.expand(len(self.b), -1, rows.stop - rows.start, 1).contiguous())
 
     def scores(self, bm, bn):
-        s, _ = tile_scores(self.q(bm), self.kv(self.p.k, bn), self.spec.scale, self.spec.softcap,
+        s, _ = tile_scores(self.q(bm), self.kv("k", bn), self.spec.scale, self.spec.softcap,
                            self.allowed(bm, bn), self.bias(bm, bn))
         return s
 
@@ -205,7 +213,7 @@ def forward_task(problem: Problem, task: Task) -> SoftmaxState:
             if task.keys[0] == 0:  # the sink is merged once per row: into the first part's fold
                 state = initial_state(state, t.sinks(bm))
             for bn in t.key_blocks(bm):
-                state = merge(state, block_state(t.scores(bm, bn), t.kv(problem.v, bn), t.weights(bm, bn)))
+                state = merge(state, block_state(t.scores(bm, bn), t.kv("v", bn), t.weights(bm, bn)))
             states.append(state)
         return SoftmaxState(*(cat(list(parts), 2) for parts in zip(*states)))
 
@@ -231,7 +239,7 @@ def backward_task(problem: Problem, item) -> tuple[Balls, Balls, Balls, Balls | 
             for bn in t.key_blocks(bm):
                 cols = t.cols(bn)
                 dq_t, dk_t, dv_t, dbias_t = tile_grads_and_dbias(
-                    t.q(bm), t.kv(problem.k, bn), t.kv(problem.v, bn), t.grad_out(bm), lse[:, :, at], delta[:, :, at],
+                    t.q(bm), t.kv("k", bn), t.kv("v", bn), t.grad_out(bm), lse[:, :, at], delta[:, :, at],
                     scale=spec.scale, softcap=spec.softcap, allowed=t.allowed(bm, bn), weights=t.weights(bm, bn),
                     bias=t.bias(bm, bn))
                 keys = slice(cols.start - k0, cols.stop - k0)

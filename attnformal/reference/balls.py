@@ -47,15 +47,21 @@ NEG_INF = -math.inf
 class Balls:
     """Balls ``mid +- rad`` (float64 tensors); ``exact`` when every radius is 0 by construction."""
 
-    __slots__ = ("mid", "rad", "exact", "rounded", "_magnitude")
+    __slots__ = ("mid", "_rad", "exact", "rounded", "_magnitude")
 
     def __init__(self, mid: torch.Tensor, rad: torch.Tensor | None = None, rounded: bool = False,
                  magnitude: torch.Tensor | None = None):
         self.mid = mid
         self.exact = rad is None
-        self.rad = torch.zeros_like(mid) if rad is None else rad
+        self._rad = rad  # an exact ball's zeros are made when asked for (products read only its mid)
         self.rounded = rounded  # no radius is 0 (see the module docstring): no exact value to look for
         self._magnitude = magnitude
+
+    @property
+    def rad(self) -> torch.Tensor:
+        if self._rad is None:
+            self._rad = torch.zeros_like(self.mid)
+        return self._rad
 
     @property
     def magnitude(self) -> torch.Tensor:
@@ -106,11 +112,11 @@ class Balls:
         diff = _keep(Balls.result(fb.sub(self.ball, other.ball)), _is(other, 0.0), self)  # a - 0 = a
         if self.exact and other.exact:  # bitwise-equal exact floats: exactly 0
             same = self.mid.view(torch.int64) == other.mid.view(torch.int64)
-            diff = _keep(diff, same & torch.isfinite(self.mid), Balls(torch.zeros_like(diff.mid)))
+            diff = _keep(diff, same & torch.isfinite(self.mid), 0.0)
         masked = _is(self, NEG_INF)  # -inf minus a finite ball is exactly -inf
         if masked is not None:
             masked = masked & torch.isfinite(other.mid) & torch.isfinite(other.rad)
-        return _keep(diff, masked, Balls(torch.full_like(diff.mid, NEG_INF)))
+        return _keep(diff, masked, NEG_INF)
 
     def __rsub__(self, other) -> Balls:
         return _lift(other) - self
@@ -130,7 +136,7 @@ class Balls:
             zero = _is(a, 0.0)
             if zero is not None:  # 0 * b = 0 for finite b
                 zero = zero & torch.isfinite(b.mid) & torch.isfinite(b.rad)
-            product = _keep(product, zero, Balls(torch.zeros_like(product.mid)))
+            product = _keep(product, zero, 0.0)
         return product
 
     __rmul__ = __mul__
@@ -177,7 +183,7 @@ def _scaled(a: Balls, t: float) -> Balls:
     if t != 0.0:
         return product
     finite = torch.isfinite(a.mid) & torch.isfinite(a.rad)
-    return _keep(product, finite, Balls(torch.zeros_like(product.mid)))
+    return _keep(product, finite, 0.0)
 
 
 def _lift(x) -> Balls:
@@ -201,10 +207,14 @@ def _is(a: Balls, value: float) -> torch.Tensor | None:
     return where if bool(where.any()) else None
 
 
-def _keep(result: Balls, where: torch.Tensor | None, exact: Balls) -> Balls:
-    """``result``, replaced by the (tighter, equally rigorous) ``exact`` ball where ``where`` holds."""
+def _keep(result: Balls, where: torch.Tensor | None, exact: Balls | float) -> Balls:
+    """``result``, replaced by the (tighter, equally rigorous) ``exact`` ball (or exact float) where ``where``
+    holds."""
     if where is None:
         return result
+    if isinstance(exact, float):
+        mid = torch.where(where, exact, result.mid)
+        return Balls(mid, torch.where(where, 0.0, result.rad).expand_as(mid))
     mid = torch.where(where, exact.mid, result.mid)
     return Balls(mid, torch.where(where, exact.rad, result.rad).expand_as(mid), result.rounded and exact.rounded)
 
@@ -244,8 +254,8 @@ class _BallOps:
     @staticmethod
     def exp(a):
         result = Balls.result(fb.exp(a.ball))
-        result = _keep(result, _is(a, NEG_INF), Balls(torch.zeros_like(result.mid)))
-        return _keep(result, _is(a, 0.0), Balls(torch.ones_like(result.mid)))
+        result = _keep(result, _is(a, NEG_INF), 0.0)
+        return _keep(result, _is(a, 0.0), 1.0)
 
     @staticmethod
     def log(a):
@@ -278,7 +288,7 @@ class _BallOps:
         zeros = _is(p, 0.0)  # a sum of exact zeros is exactly 0
         if zeros is not None:
             zeros = zeros.all(dim=-1, keepdim=True)
-        return _keep(total, zeros, Balls(torch.zeros_like(total.mid)))
+        return _keep(total, zeros, 0.0)
 
     @staticmethod
     def matmul(p, v):

@@ -124,9 +124,16 @@ class _Tiles:
         self.b = list(task.batches)
         self.g = self.spec.geometry(task.batches[0])
         self.heads = self.spec.kv_heads()  # GQA: K and V repeated per query head
-        # each input with its magnitude, computed once per task instead of once per tile product
-        self.inputs = {name: (x, fb.mag(x)) for name, x in (("q", problem.q), ("k", problem.k), ("v", problem.v),
-                                                            ("grad_out", problem.grad_out)) if x is not None}
+        # each input of the task's batches (K and V per query head) with its magnitude, made once per task:
+        # a tile is then a view of rows, not a copy per tile product
+        queries = {"q": problem.q, "grad_out": problem.grad_out}
+        keys = {"k": problem.k, "v": problem.v}
+        self.inputs = {name: self._with_magnitude(x[self.b]) for name, x in queries.items() if x is not None}
+        self.inputs.update({name: self._with_magnitude(x[self.b][:, self.heads]) for name, x in keys.items()})
+
+    @staticmethod
+    def _with_magnitude(x):
+        return x, fb.mag(x)
 
     def query_blocks(self):
         r0, r1 = self.task.rows
@@ -147,18 +154,18 @@ class _Tiles:
         return _span(bn, self.schedule.block_n, self.spec.len_k)
 
     def q(self, bm):
-        return self._exact("q", lambda x: x[:, :, self.rows(bm)][self.b])
+        return self._exact("q", self.rows(bm))
 
     def grad_out(self, bm):
-        return self._exact("grad_out", lambda x: x[:, :, self.rows(bm)][self.b])
+        return self._exact("grad_out", self.rows(bm))
 
     def kv(self, name, bn):
-        return self._exact(name, lambda x: x[:, :, self.cols(bn)][self.b][:, self.heads])  # slice first: a tile copied
+        return self._exact(name, self.cols(bn))
 
-    def _exact(self, name, tile):
-        """The tile ``tile(x)`` of input ``name`` as exact balls, with its magnitude."""
+    def _exact(self, name, span):
+        """Rows ``span`` of input ``name`` as exact balls, with their magnitude."""
         x, magnitude = self.inputs[name]
-        return Balls(tile(x), magnitude=tile(magnitude))
+        return Balls(x[:, :, span], magnitude=magnitude[:, :, span])
 
     def allowed(self, bm, bn):
         """The tile's mask, or None for a FULL tile (the schedule's proven classification)."""

@@ -144,7 +144,7 @@ def rsub_exact(t, a: Ball) -> Ball:
 def mul(a: Ball, b: Ball, mag_a=None, mag_b=None) -> Ball:
     """``a * b``: ``|ab - fl(a.mid b.mid)| <= u|c| + |a.mid| b.rad + a.rad (|b.mid| + b.rad)``."""
     c = a.mid * b.mid
-    rad = _plus(_plus(_rounding(c), _given(a.mid, mag_a) * b.rad), a.rad * _scaled_mag(b.mid, mag_b, 1.0, b.rad))
+    rad = _plus(_plus(_rounding(c), _given(a.mid, mag_a) * b.rad), _times(_scaled_mag(b.mid, mag_b, 1.0, b.rad), a.rad))
     return Ball(c, up_(rad, 5))
 
 
@@ -210,6 +210,11 @@ def _plus(total: torch.Tensor, term) -> torch.Tensor:
     return total.add_(term)
 
 
+def _times(total: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """``total * factor`` (``= factor * total``), in place as :func:`_plus`."""
+    return total * factor if not _broadcasts_to(factor.shape, total.shape) else total.mul_(factor)
+
+
 def _broadcasts_to(shape, target) -> bool:
     return len(shape) <= len(target) and all(n in (1, m) for n, m in zip(reversed(shape), reversed(target)))
 
@@ -260,13 +265,16 @@ def exp64(x: torch.Tensor) -> torch.Tensor:
     """
     inside = _within(x, EXP_MIN, EXP_MAX)  # then the clamp and both replacements change nothing
     clamped = x if inside else x.clamp(EXP_MIN, EXP_MAX)
-    k = torch.round(clamped * INV_LN2)
-    r = (clamped - k * LN2_HI).sub_(k * LN2_LO)
-    p = r * TAYLOR[-1]  # Horner's first step c13 * r, then p = p * r + c in place (the same roundings)
+    # in place, the same roundings: x - t is -t + x, and k's buffer takes k * LN2_LO once 2^k is taken
+    k = (clamped * INV_LN2).round_()
+    r = (k * LN2_HI).neg_().add_(clamped)
+    scale = _power_of_two(k)
+    r.sub_(k.mul_(LN2_LO))
+    p = r * TAYLOR[-1]  # Horner's first step c13 * r, then p = p * r + c
     p.add_(TAYLOR[-2])
     for c in reversed(TAYLOR[:-2]):
         p.mul_(r).add_(c)
-    y = p.mul_(_power_of_two(k))  # exact: the result is a normal float
+    y = p.mul_(scale)  # exact: the result is a normal float
     if inside:
         return y
     y = torch.where(x < EXP_MIN, 0.0, y)
@@ -309,7 +317,7 @@ def exp(a: Ball) -> Ball:
     ``< 2^-1009`` is covered by ``FLOOR * eps``.
     """
     e = exp64(a.mid)
-    rad = up_(mag(e).mul_(_plus(a.rad * (1.0 + a.rad), EPS_EXP)), 4 + 16)
+    rad = up_(mag(e).mul_((1.0 + a.rad).mul_(a.rad).add_(EPS_EXP)), 4 + 16)
     if _within(a.rad, 0.0, 1.0):
         return Ball(e, rad)
     return Ball(e, torch.where(a.rad <= 1.0, rad, math.inf))

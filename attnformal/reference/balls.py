@@ -109,7 +109,7 @@ class Balls:
 
     def __sub__(self, other) -> Balls:
         other = _lift(other)
-        diff = _keep(Balls.result(fb.sub(self.ball, other.ball)), _is(other, 0.0), self)  # a - 0 = a
+        diff = _keep(_difference(self, other), _is(other, 0.0), self)  # a - 0 = a
         if self.exact and other.exact:  # bitwise-equal exact floats: exactly 0
             same = self.mid.view(torch.int64) == other.mid.view(torch.int64)
             diff = _keep(diff, same & torch.isfinite(self.mid), 0.0)
@@ -172,6 +172,11 @@ class Balls:
 
 def _like(template: Balls, mid, rad) -> Balls:
     return Balls(mid) if template.exact else Balls(mid, rad, template.rounded)
+
+
+def _difference(a: Balls, b: Balls) -> Balls:
+    """``a - b`` by ``sub_exact`` when ``b`` is exact (the softmax shift): 2 roundings charged, not 3."""
+    return Balls.result(fb.sub_exact(a.ball, b.mid) if b.exact else fb.sub(a.ball, b.ball))
 
 
 def _scaled(a: Balls, t: float) -> Balls:

@@ -240,6 +240,7 @@ def backward_task(problem: Problem, item) -> tuple[Balls, Balls, Balls, Balls | 
         dk = _zeros(len(t.b), spec.heads_q, task.keys[1] - k0, spec.head_dim)
         dv = _zeros(len(t.b), spec.heads_q, task.keys[1] - k0, spec.head_dim_v)
         dbias = None if spec.bias is None else _zeros(len(t.b), spec.heads_q, task.rows[1] - r0, task.keys[1] - k0)
+        add_at = _Accumulation()
         for bm in t.query_blocks():
             rows = t.rows(bm)
             at = slice(rows.start - r0, rows.stop - r0)
@@ -250,9 +251,9 @@ def backward_task(problem: Problem, item) -> tuple[Balls, Balls, Balls, Balls | 
                     scale=spec.scale, softcap=spec.softcap, allowed=t.allowed(bm, bn), weights=t.weights(bm, bn),
                     bias=t.bias(bm, bn))
                 keys = slice(cols.start - k0, cols.stop - k0)
-                _add_at(dq, at, dq_t)
-                _add_at(dk, keys, dk_t)
-                _add_at(dv, keys, dv_t)
+                add_at(dq, at, dq_t)
+                add_at(dk, keys, dk_t)
+                add_at(dv, keys, dv_t)
                 if dbias is not None:  # each tile is visited once: a placement, not a sum
                     dbias.mid[:, :, at, keys], dbias.rad[:, :, at, keys] = dbias_t.mid, dbias_t.rad
         return dq, dk, dv, dbias
@@ -263,11 +264,24 @@ def _zeros(*shape) -> Balls:
     return Balls(torch.zeros(shape, dtype=torch.float64), torch.zeros(shape, dtype=torch.float64))
 
 
-def _add_at(total: Balls, rows: slice, part: Balls) -> None:
-    """``total[:, :, rows] += part`` in ball arithmetic."""
-    index = (slice(None), slice(None), rows)
-    summed = total[index] + part
-    total.mid[index], total.rad[index] = summed.mid, summed.rad
+class _Accumulation:
+    """``total[:, :, rows] += part`` in ball arithmetic, into exact zeros (:func:`_zeros`).
+
+    The first part of a span is placed as it is (``0 + b = b``, the rule ``Balls`` applies to exact
+    zeros, without searching the span for them); later ones are added to balls known to be ``rounded``
+    when every part so far was.
+    """
+
+    def __init__(self):
+        self.rounded = {}  # (id of the total, rows) -> whether the span holds rounded balls only
+
+    def __call__(self, total: Balls, rows: slice, part: Balls) -> None:
+        index = (slice(None), slice(None), rows)
+        key = (id(total), rows.start, rows.stop)
+        if key in self.rounded:
+            part = Balls(total.mid[index], total.rad[index], self.rounded[key]) + part
+        total.mid[index], total.rad[index] = part.mid, part.rad
+        self.rounded[key] = part.rounded
 
 
 # ---------------------------------------------------------------- the driver

@@ -2,11 +2,13 @@
 
 The radius formulas of :mod:`attnformal.reference.fp64_balls` are evaluated in place, ``exp64``
 skips its clamp and range replacements when they are no-ops, :class:`Balls` results of the ball
-arithmetic skip the search for exact values (they have no radius 0), and a ball times a float goes
-through ``mul_exact``. The *textbook* versions below are the formulas as the module docstrings prove
-them, written out of place (the code before the fast paths): the fast paths must give the same bits
-(the in-place rewrites) or radii no larger (``mul_exact``: 3 roundings charged, not 5), with the same
-midpoints, in this process (one torch build: both sides are this project's own float64 arithmetic).
+arithmetic skip the search for exact values (they have no radius 0), a ball times a float goes
+through ``mul_exact``, a ball minus an exact shift through ``sub_exact``, and the tiled backward
+places the first part of each sum instead of adding it to zeros. The *textbook* versions below are
+the formulas as the module docstrings prove them, written out of place (the code before the fast
+paths): the fast paths must give the same bits (the in-place rewrites) or radii no larger
+(``mul_exact``: 3 roundings charged, not 5; ``sub_exact``: 2, not 3), with the same midpoints, in
+this process (one torch build: both sides are this project's own float64 arithmetic).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import math
 import pytest
 import torch
 
-from attnformal.reference import balls, certified_attention
+from attnformal.reference import balls, certified_attention, tiled
 from attnformal.reference import fp64_balls as fb
 from attnformal.reference.balls import Balls
 from attnformal.reference.tiled import Tiling
@@ -114,6 +116,19 @@ def textbook_scaled(a, t):
     return product
 
 
+def textbook_difference(a, b):
+    return Balls.of(fb.sub(a.ball, b.ball))
+
+
+class TextbookAccumulation:
+    """The tiled backward's sums as plain ball additions into exact zeros."""
+
+    def __call__(self, total, rows, part):
+        index = (slice(None), slice(None), rows)
+        summed = total[index] + part
+        total.mid[index], total.rad[index] = summed.mid, summed.rad
+
+
 TEXTBOOK = {"dot": textbook_dot, "matmul": textbook_matmul, "sum_dim": textbook_sum_dim, "add": textbook_add,
             "sub": textbook_sub, "sub_exact": textbook_sub_exact, "rsub_exact": textbook_rsub_exact,
             "mul": textbook_mul, "mul_exact": textbook_mul_exact, "div_exact": textbook_div_exact,
@@ -127,6 +142,8 @@ def textbook(monkeypatch):
         for name, fn in TEXTBOOK.items():
             monkeypatch.setattr(fb, name, fn)
         monkeypatch.setattr(balls, "_scaled", textbook_scaled)
+        monkeypatch.setattr(balls, "_difference", textbook_difference)
+        monkeypatch.setattr(tiled, "_Accumulation", TextbookAccumulation)
         monkeypatch.setattr(Balls, "result", classmethod(lambda cls, ball, terms=1: cls(ball.mid, ball.rad)))
     return install
 
@@ -254,7 +271,8 @@ def test_the_tiled_reference_keeps_its_midpoints_and_widens_no_radius(name, tili
 
 
 def test_the_scores_radius_is_tighter_through_mul_exact(textbook):
-    """``scale * (q k^T)`` is charged 3 roundings, not 5: the radii of a plain case are strictly smaller."""
+    """``scale * (q k^T)`` is charged 3 roundings, not 5 (and ``s - shift`` 2, not 3): the radii of a plain
+    case are strictly smaller."""
     fast = run(CASES["causal_gqa"], None)
     textbook()
     assert compare(fast, run(CASES["causal_gqa"], None)) > 0

@@ -23,6 +23,11 @@ facts, each true for every point of the operands, keep them exact:
   the merge's rescalings); ``0 + b = b - 0 = b``; ``exp(0) = 1``;
 * ``a - a = 0`` for bitwise-equal exact floats (the merge's ``m - shift`` when ``m`` is the max).
 
+Looking for those values costs a pass over a tile per check, so a ball knows when it cannot hold
+one: ``rounded`` balls, the results of the arithmetic of :mod:`~attnformal.reference.fp64_balls`,
+have no radius 0 (every formula there adds at least ``u * FLOOR``, ``gamma * FLOOR^2`` for a product of
+at least one term, or is infinite or NaN), and a radius-0 ball is where the facts above look first.
+
 So a row without allowed keys keeps ``l = 0`` exactly and ``finalize``'s ``l > 0`` is decided;
 a comparison that the balls cannot decide raises :class:`~attnformal.reference.fp64_balls.OutOfRange`
 (the caller then moves to the Arb tier), never a guess.
@@ -42,16 +47,38 @@ NEG_INF = -math.inf
 class Balls:
     """Balls ``mid +- rad`` (float64 tensors); ``exact`` when every radius is 0 by construction."""
 
-    __slots__ = ("mid", "rad", "exact")
+    __slots__ = ("mid", "_rad", "exact", "rounded", "_magnitude")
 
-    def __init__(self, mid: torch.Tensor, rad: torch.Tensor | None = None):
+    def __init__(self, mid: torch.Tensor, rad: torch.Tensor | None = None, rounded: bool = False,
+                 magnitude: torch.Tensor | None = None):
         self.mid = mid
         self.exact = rad is None
-        self.rad = torch.zeros_like(mid) if rad is None else rad
+        self._rad = rad  # an exact ball's zeros are made when asked for (products read only its mid)
+        self.rounded = rounded  # no radius is 0 (see the module docstring): no exact value to look for
+        self._magnitude = magnitude
+
+    @property
+    def rad(self) -> torch.Tensor:
+        if self._rad is None:
+            self._rad = torch.zeros_like(self.mid)
+        return self._rad
+
+    @property
+    def magnitude(self) -> torch.Tensor:
+        """``fb.mag(mid)``, computed once: a tile's P or dS is the operand of several products.
+        (Accumulators, whose ``mid`` is written in place, never ask for it: they are read by index.)"""
+        if self._magnitude is None:
+            self._magnitude = fb.mag(self.mid)
+        return self._magnitude
 
     @classmethod
     def of(cls, ball: fb.Ball) -> Balls:
         return cls(ball.mid, ball.rad)
+
+    @classmethod
+    def result(cls, ball: fb.Ball, terms: int = 1) -> Balls:
+        """The ball an fp64_balls operation returned; ``terms``: its sum's length (0 terms: exactly 0)."""
+        return cls(ball.mid, ball.rad, rounded=terms > 0)
 
     @property
     def ball(self) -> fb.Ball:
@@ -65,13 +92,16 @@ class Balls:
         return _like(self, self.mid[index], self.rad[index])
 
     def swapaxes(self, a: int, b: int) -> Balls:
-        return _like(self, self.mid.swapaxes(a, b), self.rad.swapaxes(a, b))
+        swapped = _like(self, self.mid.swapaxes(a, b), self.rad.swapaxes(a, b))
+        if self._magnitude is not None:
+            swapped._magnitude = self._magnitude.swapaxes(a, b)
+        return swapped
 
     # ------------------------------------------------------------ arithmetic
 
     def __add__(self, other) -> Balls:
         other = _lift(other)
-        total = Balls.of(fb.add(self.ball, other.ball))
+        total = Balls.result(fb.add(self.ball, other.ball))
         total = _keep(total, _is(self, 0.0), other)  # 0 + b = b
         return _keep(total, _is(other, 0.0), self)
 
@@ -79,14 +109,14 @@ class Balls:
 
     def __sub__(self, other) -> Balls:
         other = _lift(other)
-        diff = _keep(Balls.of(fb.sub(self.ball, other.ball)), _is(other, 0.0), self)  # a - 0 = a
+        diff = _keep(_difference(self, other), _is(other, 0.0), self)  # a - 0 = a
         if self.exact and other.exact:  # bitwise-equal exact floats: exactly 0
             same = self.mid.view(torch.int64) == other.mid.view(torch.int64)
-            diff = _keep(diff, same & torch.isfinite(self.mid), Balls(torch.zeros_like(diff.mid)))
+            diff = _keep(diff, same & torch.isfinite(self.mid), 0.0)
         masked = _is(self, NEG_INF)  # -inf minus a finite ball is exactly -inf
         if masked is not None:
             masked = masked & torch.isfinite(other.mid) & torch.isfinite(other.rad)
-        return _keep(diff, masked, Balls(torch.full_like(diff.mid, NEG_INF)))
+        return _keep(diff, masked, NEG_INF)
 
     def __rsub__(self, other) -> Balls:
         return _lift(other) - self
@@ -95,8 +125,10 @@ class Balls:
         return _like(self, -self.mid, self.rad)  # negation is exact
 
     def __mul__(self, other) -> Balls:
+        if isinstance(other, (int, float)):
+            return _scaled(self, float(other))
         other = _lift(other)
-        product = Balls.of(fb.mul(self.ball, other.ball))
+        product = Balls.result(fb.mul(self.ball, other.ball, self.magnitude, other.magnitude))
         for a, b in ((self, other), (other, self)):
             if a.mid.dim() and a.shape[-1] > 1:
                 continue  # the facts matter for per-row factors (the merge's rescalings), not tile products
@@ -104,25 +136,26 @@ class Balls:
             zero = _is(a, 0.0)
             if zero is not None:  # 0 * b = 0 for finite b
                 zero = zero & torch.isfinite(b.mid) & torch.isfinite(b.rad)
-            product = _keep(product, zero, Balls(torch.zeros_like(product.mid)))
+            product = _keep(product, zero, 0.0)
         return product
 
     __rmul__ = __mul__
 
     def __truediv__(self, other) -> Balls:
         if isinstance(other, Balls):
-            return Balls.of(fb.div(self.ball, other.ball))
-        return Balls.of(fb.div_exact(self.ball, float(other)))
+            return Balls.result(fb.div(self.ball, other.ball))
+        return Balls.result(fb.div_exact(self.ball, float(other)))
 
     def __matmul__(self, other) -> Balls:
         """``self @ other`` for an exact right operand (a float64 tensor, or exact balls)."""
-        if isinstance(other, Balls):
-            if not other.exact:
-                raise TypeError("Balls @ Balls: the right operand must be exact (the inputs q, k, v, dO)")
-            other = other.mid
+        if not isinstance(other, Balls):
+            other = Balls(other)
+        elif not other.exact:
+            raise TypeError("Balls @ Balls: the right operand must be exact (the inputs q, k, v, dO)")
+        terms = other.shape[-2]
         if self.exact:
-            return Balls.of(fb.dot(self.mid, other))
-        return Balls.of(fb.matmul(self.ball, other))
+            return Balls.result(fb.dot(self.mid, other.mid, self.magnitude, other.magnitude), terms)
+        return Balls.result(fb.matmul(self.ball, other.mid, self.magnitude, other.magnitude), terms)
 
     def __gt__(self, x) -> torch.Tensor:
         """Where the whole ball lies above ``x``; raises OutOfRange where the ball straddles ``x``.
@@ -138,7 +171,24 @@ class Balls:
 
 
 def _like(template: Balls, mid, rad) -> Balls:
-    return Balls(mid) if template.exact else Balls(mid, rad)
+    return Balls(mid) if template.exact else Balls(mid, rad, template.rounded)
+
+
+def _difference(a: Balls, b: Balls) -> Balls:
+    """``a - b`` by ``sub_exact`` when ``b`` is exact (the softmax shift): 2 roundings charged, not 3."""
+    return Balls.result(fb.sub_exact(a.ball, b.mid) if b.exact else fb.sub(a.ball, b.ball))
+
+
+def _scaled(a: Balls, t: float) -> Balls:
+    """``a * t`` for an exact float ``t``: ``mul_exact`` (``u|c| + a.rad |t|``), and the facts
+    ``1 * b = b`` and ``0 * b = 0`` (finite ``b``) that hold for any ball."""
+    if t == 1.0:
+        return a
+    product = Balls.result(fb.mul_exact(a.ball, t))
+    if t != 0.0:
+        return product
+    finite = torch.isfinite(a.mid) & torch.isfinite(a.rad)
+    return _keep(product, finite, 0.0)
 
 
 def _lift(x) -> Balls:
@@ -152,6 +202,8 @@ def _is(a: Balls, value: float) -> torch.Tensor | None:
     """Where ``a`` is exactly ``value``; None when nowhere (checked cheaply first: no radius is 0)."""
     if a.exact:
         where = a.mid == value
+    elif a.rounded:
+        return None
     else:
         where = a.rad == 0
         if not bool(where.any()):
@@ -160,12 +212,16 @@ def _is(a: Balls, value: float) -> torch.Tensor | None:
     return where if bool(where.any()) else None
 
 
-def _keep(result: Balls, where: torch.Tensor | None, exact: Balls) -> Balls:
-    """``result``, replaced by the (tighter, equally rigorous) ``exact`` ball where ``where`` holds."""
+def _keep(result: Balls, where: torch.Tensor | None, exact: Balls | float) -> Balls:
+    """``result``, replaced by the (tighter, equally rigorous) ``exact`` ball (or exact float) where ``where``
+    holds."""
     if where is None:
         return result
+    if isinstance(exact, float):
+        mid = torch.where(where, exact, result.mid)
+        return Balls(mid, torch.where(where, 0.0, result.rad).expand_as(mid))
     mid = torch.where(where, exact.mid, result.mid)
-    return Balls(mid, torch.where(where, exact.rad, result.rad).expand_as(mid))
+    return Balls(mid, torch.where(where, exact.rad, result.rad).expand_as(mid), result.rounded and exact.rounded)
 
 
 def exact_state(rows: tuple[int, ...], head_dim_v: int):
@@ -179,7 +235,7 @@ def cat(parts: list[Balls], dim: int) -> Balls:
     mid = torch.cat([p.mid for p in parts], dim)
     if all(p.exact for p in parts):
         return Balls(mid)
-    return Balls(mid, torch.cat([p.rad for p in parts], dim))
+    return Balls(mid, torch.cat([p.rad for p in parts], dim), all(p.rounded for p in parts))
 
 
 class _BallOps:
@@ -202,9 +258,9 @@ class _BallOps:
 
     @staticmethod
     def exp(a):
-        result = Balls.of(fb.exp(a.ball))
-        result = _keep(result, _is(a, NEG_INF), Balls(torch.zeros_like(result.mid)))
-        return _keep(result, _is(a, 0.0), Balls(torch.ones_like(result.mid)))
+        result = Balls.result(fb.exp(a.ball))
+        result = _keep(result, _is(a, NEG_INF), 0.0)
+        return _keep(result, _is(a, 0.0), 1.0)
 
     @staticmethod
     def log(a):
@@ -218,7 +274,7 @@ class _BallOps:
 
     @staticmethod
     def tanh(a):
-        return Balls.of(fb.tanh(a.ball))
+        return Balls.result(fb.tanh(a.ball))
 
     @staticmethod
     def is_neg_inf(a):
@@ -233,11 +289,11 @@ class _BallOps:
 
     @staticmethod
     def rowsum(p):
-        total = Balls.of(fb.sum_dim(p.ball, -1))
+        total = Balls.result(fb.sum_dim(p.ball, -1, p.magnitude), p.shape[-1])
         zeros = _is(p, 0.0)  # a sum of exact zeros is exactly 0
         if zeros is not None:
             zeros = zeros.all(dim=-1, keepdim=True)
-        return _keep(total, zeros, Balls(torch.zeros_like(total.mid)))
+        return _keep(total, zeros, 0.0)
 
     @staticmethod
     def matmul(p, v):

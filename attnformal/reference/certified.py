@@ -5,7 +5,7 @@ dQ, dK, dV, each element with a radius such that the exact value, for the exact 
 inputs, lies within ``value +- radius``. Two tiers compute the same pipeline:
 
 * **float64 balls** (:mod:`~attnformal.reference.fp64_balls`): torch float64 with a proven
-  rounding bound for each operation; about 10^-13 relative, at a few times the cost of the
+  rounding bound for each operation; about 10^-13 relative, at 2-3 times the cost of the
   fp64 oracle. Its one assumption: BLAS float64 matmul is a classical binary64 product.
 * **Arb balls** (:mod:`~attnformal.reference.arb_balls`): python-flint's Arb at ``prec`` bits,
   rigorous by construction, for radii below what float64 can express, and for what the

@@ -58,9 +58,21 @@ def up(x: torch.Tensor, ops: int) -> torch.Tensor:
     return x * (1.0 + 4 * ops * U)
 
 
+def up_(x: torch.Tensor, ops: int) -> torch.Tensor:
+    """:func:`up` in place, for a temporary the caller owns (the same rounding, no new tensor)."""
+    assert 1 <= ops <= MAX_OPS
+    return x.mul_(1.0 + 4 * ops * U)
+
+
 def mag(x: torch.Tensor) -> torch.Tensor:
     """``max(|x|, FLOOR)``: an upper bound of ``|x|`` that is never subnormal."""
-    return x.abs().clamp_min(FLOOR)
+    return x.abs().clamp_min_(FLOOR)
+
+
+# The radius formulas below are evaluated in place on a fresh temporary, in the order the
+# formulas are written (``fl(fl(x + y) + z)`` stays ``fl(fl(x + y) + z)``; ``x * y`` and ``y * x``
+# are the same rounding): the bits are those of the out-of-place expressions, at fewer passes
+# over memory and no allocation per step.
 
 
 class Ball(NamedTuple):
@@ -78,73 +90,75 @@ def exact(x: torch.Tensor) -> Ball:
 # ---------------------------------------------------------------- products and sums
 
 
-def dot(a: torch.Tensor, b: torch.Tensor) -> Ball:
+def dot(a: torch.Tensor, b: torch.Tensor, mag_a=None, mag_b=None) -> Ball:
     """``a @ b`` of exact float64 tensors: error ``<= gamma_n |a| |b|`` (``n`` = inner size).
 
-    The bound's matmul adds ``n`` roundings and the scaling by gamma one more.
+    The bound's matmul adds ``n`` roundings and the scaling by gamma one more. ``mag_a``, ``mag_b``:
+    ``mag(a)``, ``mag(b)`` when the caller has them already (here and below).
     """
     n = a.shape[-1]
-    return Ball(a @ b, up(gamma(n) * (mag(a) @ mag(b)), n + 1))
+    return Ball(a @ b, up_((_given(a, mag_a) @ _given(b, mag_b)).mul_(gamma(n)), n + 1))
 
 
-def matmul(a: Ball, b: torch.Tensor) -> Ball:
+def matmul(a: Ball, b: torch.Tensor, mag_a=None, mag_b=None) -> Ball:
     """``a @ b`` for a ball ``a`` and an exact ``b``.
 
     ``|A b - fl(a.mid b)| <= a.rad |b| + gamma_n |a.mid| |b| = (gamma_n |a.mid| + a.rad) |b|``;
     the bound takes 2 roundings element-wise and ``n`` in its matmul.
     """
     n = a.mid.shape[-1]
-    return Ball(a.mid @ b, up((gamma(n) * mag(a.mid) + a.rad) @ mag(b), n + 2))
+    return Ball(a.mid @ b, up_(_plus(_scaled_mag(a.mid, mag_a, gamma(n)), a.rad) @ _given(b, mag_b), n + 2))
 
 
-def sum_dim(a: Ball, dim: int) -> Ball:
+def sum_dim(a: Ball, dim: int, mag_a=None) -> Ball:
     """Sum over ``dim`` (kept): error ``<= sum rad + gamma_n sum |mid|``, ``n + 2`` roundings."""
     n = a.mid.shape[dim]
     return Ball(a.mid.sum(dim, keepdim=True),
-                up((a.rad + gamma(n) * mag(a.mid)).sum(dim, keepdim=True), n + 2))
+                up_(_plus(_scaled_mag(a.mid, mag_a, gamma(n)), a.rad).sum(dim, keepdim=True), n + 2))
 
 
 def add(a: Ball, b: Ball) -> Ball:
     """``a + b``: rounding ``u |c|`` plus both radii (3 roundings in the bound)."""
     c = a.mid + b.mid
-    return Ball(c, up(U * mag(c) + a.rad + b.rad, 3))
+    return Ball(c, up_(_plus(_plus(_rounding(c), a.rad), b.rad), 3))
 
 
 def sub(a: Ball, b: Ball) -> Ball:
     """``a - b``, as :func:`add`."""
     c = a.mid - b.mid
-    return Ball(c, up(U * mag(c) + a.rad + b.rad, 3))
+    return Ball(c, up_(_plus(_plus(_rounding(c), a.rad), b.rad), 3))
 
 
 def sub_exact(a: Ball, t) -> Ball:
     """``a - t`` for exact ``t`` (a tensor that broadcasts, or a float)."""
     c = a.mid - t
-    return Ball(c, up(U * mag(c) + a.rad, 2))
+    return Ball(c, up_(_plus(_rounding(c), a.rad), 2))
 
 
 def rsub_exact(t, a: Ball) -> Ball:
     """``t - a`` for exact ``t``."""
     c = t - a.mid
-    return Ball(c, up(U * mag(c) + a.rad, 2))
+    return Ball(c, up_(_plus(_rounding(c), a.rad), 2))
 
 
-def mul(a: Ball, b: Ball) -> Ball:
+def mul(a: Ball, b: Ball, mag_a=None, mag_b=None) -> Ball:
     """``a * b``: ``|ab - fl(a.mid b.mid)| <= u|c| + |a.mid| b.rad + a.rad (|b.mid| + b.rad)``."""
     c = a.mid * b.mid
-    return Ball(c, up(U * mag(c) + mag(a.mid) * b.rad + a.rad * (mag(b.mid) + b.rad), 5))
+    rad = _plus(_plus(_rounding(c), _given(a.mid, mag_a) * b.rad), _times(_scaled_mag(b.mid, mag_b, 1.0, b.rad), a.rad))
+    return Ball(c, up_(rad, 5))
 
 
 def mul_exact(a: Ball, t) -> Ball:
     """``a * t`` for exact ``t`` (tensor or float): ``u |c| + a.rad |t|``."""
     c = a.mid * t
-    return Ball(c, up(U * mag(c) + a.rad * _mag_any(t), 3))
+    return Ball(c, up_(_plus(_rounding(c), a.rad * _mag_any(t)), 3))
 
 
 def div_exact(a: Ball, t: float) -> Ball:
     """``a / t`` for an exact float ``t`` with ``2^-100 <= |t| <= 2^100`` (no underflow of the radius)."""
     _check_float_range(t)
     c = a.mid / t
-    return Ball(c, up(U * mag(c) + a.rad / abs(t), 3))
+    return Ball(c, up_(_plus(_rounding(c), a.rad / abs(t)), 3))
 
 
 def div(a: Ball, b: Ball) -> Ball:
@@ -165,6 +179,44 @@ def div(a: Ball, b: Ball) -> Ball:
 def where(mask: torch.Tensor, a: Ball, other: float = 0.0) -> Ball:
     """``a`` where ``mask``, the exact value ``other`` elsewhere."""
     return Ball(torch.where(mask, a.mid, other), torch.where(mask, a.rad, 0.0))
+
+
+def _given(x: torch.Tensor, magnitude) -> torch.Tensor:
+    return mag(x) if magnitude is None else magnitude
+
+
+def _scaled_mag(x: torch.Tensor, magnitude, factor: float, plus=None) -> torch.Tensor:
+    """``factor * mag(x) [+ plus]`` as a fresh tensor: in place on ``mag(x)``, or from a given magnitude."""
+    if magnitude is None:
+        fresh = mag(x)
+        if factor != 1.0:
+            fresh.mul_(factor)
+    elif factor != 1.0:
+        fresh = magnitude * factor
+    else:
+        return magnitude if plus is None else magnitude + plus
+    return fresh if plus is None else _plus(fresh, plus)
+
+
+def _rounding(c: torch.Tensor) -> torch.Tensor:
+    """``U * mag(c)``, the rounding term of an operation's result ``c``, as a fresh tensor."""
+    return mag(c).mul_(U)
+
+
+def _plus(total: torch.Tensor, term) -> torch.Tensor:
+    """``total + term`` in place when ``total`` (a fresh temporary) has the broadcast shape."""
+    if isinstance(term, torch.Tensor) and not _broadcasts_to(term.shape, total.shape):
+        return total + term
+    return total.add_(term)
+
+
+def _times(total: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """``total * factor`` (``= factor * total``), in place as :func:`_plus`."""
+    return total * factor if not _broadcasts_to(factor.shape, total.shape) else total.mul_(factor)
+
+
+def _broadcasts_to(shape, target) -> bool:
+    return len(shape) <= len(target) and all(n in (1, m) for n, m in zip(reversed(shape), reversed(target)))
 
 
 def _mag_any(t):
@@ -211,20 +263,37 @@ def exp64(x: torch.Tensor) -> torch.Tensor:
     Scaling by ``2^k`` is exact (the result is normal: ``>= e^-700 > 2^-1022``). Underflow
     inside Horner (``|r|`` tiny) loses at most ``13 * 2^-1022`` absolutely, far below ``0.01 u``.
     """
-    clamped = x.clamp(EXP_MIN, EXP_MAX)
-    k = torch.round(clamped * INV_LN2)
-    r = (clamped - k * LN2_HI) - k * LN2_LO
-    p = torch.full_like(r, TAYLOR[-1])
-    for c in reversed(TAYLOR[:-1]):
-        p = p * r + c
-    y = p * _power_of_two(k)  # exact: the result is a normal float
+    inside = _within(x, EXP_MIN, EXP_MAX)  # then the clamp and both replacements change nothing
+    clamped = x if inside else x.clamp(EXP_MIN, EXP_MAX)
+    # in place, the same roundings: x - t is -t + x, and k's buffer takes k * LN2_LO once 2^k is taken
+    k = (clamped * INV_LN2).round_()
+    r = (k * LN2_HI).neg_().add_(clamped)
+    scale = _power_of_two(k)
+    r.sub_(k.mul_(LN2_LO))
+    p = r * TAYLOR[-1]  # Horner's first step c13 * r, then p = p * r + c
+    p.add_(TAYLOR[-2])
+    for c in reversed(TAYLOR[:-2]):
+        p.mul_(r).add_(c)
+    y = p.mul_(scale)  # exact: the result is a normal float
+    if inside:
+        return y
     y = torch.where(x < EXP_MIN, 0.0, y)
     return torch.where(x > EXP_MAX, math.inf, y)
 
 
+def _within(x: torch.Tensor, low: float, high: float) -> bool:
+    """Whether every element lies in ``[low, high]`` (False with a NaN): one pass, no mask tensors."""
+    if x.numel() == 0:
+        return True
+    smallest, largest = torch.aminmax(x)
+    return low <= float(smallest) and float(largest) <= high
+
+
 def _power_of_two(k: torch.Tensor) -> torch.Tensor:
     """``2^k`` for integer-valued ``-1022 <= k <= 1023``, built from its bits (no ``pow``)."""
-    return ((k.to(torch.int64) + 1023) << 52).view(torch.float64)
+    bits = k.to(torch.int64).add_(1023)
+    bits <<= 52
+    return bits.view(torch.float64)
 
 
 def tanh64(x: torch.Tensor) -> torch.Tensor:
@@ -248,7 +317,9 @@ def exp(a: Ball) -> Ball:
     ``< 2^-1009`` is covered by ``FLOOR * eps``.
     """
     e = exp64(a.mid)
-    rad = up(mag(e) * (a.rad * (1.0 + a.rad) + EPS_EXP), 4 + 16)
+    rad = up_(mag(e).mul_((1.0 + a.rad).mul_(a.rad).add_(EPS_EXP)), 4 + 16)
+    if _within(a.rad, 0.0, 1.0):
+        return Ball(e, rad)
     return Ball(e, torch.where(a.rad <= 1.0, rad, math.inf))
 
 

@@ -124,6 +124,16 @@ class _Tiles:
         self.b = list(task.batches)
         self.g = self.spec.geometry(task.batches[0])
         self.heads = self.spec.kv_heads()  # GQA: K and V repeated per query head
+        # each input of the task's batches (K and V per query head) with its magnitude, made once per task:
+        # a tile is then a view of rows, not a copy per tile product
+        queries = {"q": problem.q, "grad_out": problem.grad_out}
+        keys = {"k": problem.k, "v": problem.v}
+        self.inputs = {name: self._with_magnitude(x[self.b]) for name, x in queries.items() if x is not None}
+        self.inputs.update({name: self._with_magnitude(x[self.b][:, self.heads]) for name, x in keys.items()})
+
+    @staticmethod
+    def _with_magnitude(x):
+        return x, fb.mag(x)
 
     def query_blocks(self):
         r0, r1 = self.task.rows
@@ -144,13 +154,18 @@ class _Tiles:
         return _span(bn, self.schedule.block_n, self.spec.len_k)
 
     def q(self, bm):
-        return Balls(self.p.q[:, :, self.rows(bm)][self.b])
+        return self._exact("q", self.rows(bm))
 
     def grad_out(self, bm):
-        return Balls(self.p.grad_out[:, :, self.rows(bm)][self.b])
+        return self._exact("grad_out", self.rows(bm))
 
-    def kv(self, t, bn):
-        return t[:, :, self.cols(bn)][self.b][:, self.heads]  # slice first: only the tile is copied
+    def kv(self, name, bn):
+        return self._exact(name, self.cols(bn))
+
+    def _exact(self, name, span):
+        """Rows ``span`` of input ``name`` as exact balls, with their magnitude."""
+        x, magnitude = self.inputs[name]
+        return Balls(x[:, :, span], magnitude=magnitude[:, :, span])
 
     def allowed(self, bm, bn):
         """The tile's mask, or None for a FULL tile (the schedule's proven classification)."""
@@ -185,7 +200,7 @@ class _Tiles:
         return Balls(sinks.expand(len(self.b), -1, rows.stop - rows.start, 1).contiguous())
 
     def scores(self, bm, bn):
-        s, _ = tile_scores(self.q(bm), self.kv(self.p.k, bn), self.spec.scale, self.spec.softcap,
+        s, _ = tile_scores(self.q(bm), self.kv("k", bn), self.spec.scale, self.spec.softcap,
                            self.allowed(bm, bn), self.bias(bm, bn))
         return s
 
@@ -205,7 +220,7 @@ def forward_task(problem: Problem, task: Task) -> SoftmaxState:
             if task.keys[0] == 0:  # the sink is merged once per row: into the first part's fold
                 state = initial_state(state, t.sinks(bm))
             for bn in t.key_blocks(bm):
-                state = merge(state, block_state(t.scores(bm, bn), t.kv(problem.v, bn), t.weights(bm, bn)))
+                state = merge(state, block_state(t.scores(bm, bn), t.kv("v", bn), t.weights(bm, bn)))
             states.append(state)
         return SoftmaxState(*(cat(list(parts), 2) for parts in zip(*states)))
 
@@ -225,19 +240,20 @@ def backward_task(problem: Problem, item) -> tuple[Balls, Balls, Balls, Balls | 
         dk = _zeros(len(t.b), spec.heads_q, task.keys[1] - k0, spec.head_dim)
         dv = _zeros(len(t.b), spec.heads_q, task.keys[1] - k0, spec.head_dim_v)
         dbias = None if spec.bias is None else _zeros(len(t.b), spec.heads_q, task.rows[1] - r0, task.keys[1] - k0)
+        add_at = _Accumulation()
         for bm in t.query_blocks():
             rows = t.rows(bm)
             at = slice(rows.start - r0, rows.stop - r0)
             for bn in t.key_blocks(bm):
                 cols = t.cols(bn)
                 dq_t, dk_t, dv_t, dbias_t = tile_grads_and_dbias(
-                    t.q(bm), t.kv(problem.k, bn), t.kv(problem.v, bn), t.grad_out(bm), lse[:, :, at], delta[:, :, at],
+                    t.q(bm), t.kv("k", bn), t.kv("v", bn), t.grad_out(bm), lse[:, :, at], delta[:, :, at],
                     scale=spec.scale, softcap=spec.softcap, allowed=t.allowed(bm, bn), weights=t.weights(bm, bn),
                     bias=t.bias(bm, bn))
                 keys = slice(cols.start - k0, cols.stop - k0)
-                _add_at(dq, at, dq_t)
-                _add_at(dk, keys, dk_t)
-                _add_at(dv, keys, dv_t)
+                add_at(dq, at, dq_t)
+                add_at(dk, keys, dk_t)
+                add_at(dv, keys, dv_t)
                 if dbias is not None:  # each tile is visited once: a placement, not a sum
                     dbias.mid[:, :, at, keys], dbias.rad[:, :, at, keys] = dbias_t.mid, dbias_t.rad
         return dq, dk, dv, dbias
@@ -248,11 +264,24 @@ def _zeros(*shape) -> Balls:
     return Balls(torch.zeros(shape, dtype=torch.float64), torch.zeros(shape, dtype=torch.float64))
 
 
-def _add_at(total: Balls, rows: slice, part: Balls) -> None:
-    """``total[:, :, rows] += part`` in ball arithmetic."""
-    index = (slice(None), slice(None), rows)
-    summed = total[index] + part
-    total.mid[index], total.rad[index] = summed.mid, summed.rad
+class _Accumulation:
+    """``total[:, :, rows] += part`` in ball arithmetic, into exact zeros (:func:`_zeros`).
+
+    The first part of a span is placed as it is (``0 + b = b``, the rule ``Balls`` applies to exact
+    zeros, without searching the span for them); later ones are added to balls known to be ``rounded``
+    when every part so far was.
+    """
+
+    def __init__(self):
+        self.rounded = {}  # (id of the total, rows) -> whether the span holds rounded balls only
+
+    def __call__(self, total: Balls, rows: slice, part: Balls) -> None:
+        index = (slice(None), slice(None), rows)
+        key = (id(total), rows.start, rows.stop)
+        if key in self.rounded:
+            part = Balls(total.mid[index], total.rad[index], self.rounded[key]) + part
+        total.mid[index], total.rad[index] = part.mid, part.rad
+        self.rounded[key] = part.rounded
 
 
 # ---------------------------------------------------------------- the driver

@@ -191,23 +191,30 @@ def prefix_masked(gen, sh, *, per_head=True, reverse=False):
 def across_blocks(run):
     """Rows whose first key blocks (64 ... 512 keys) are all masked and later keys are not: attn_mask,
     a broadcast -inf bias pattern, windows, kv_lens with a window; several 128- and 256-key blocks."""
-    sk = run.pick(520, 1100)
-    sh = shape(2, 2, 2, run.pick(24, 64), sk, 32)
-    gen = generator(run.seed("prefix"))
-    records = [
-        run.against_reference(run.random_case("attn_mask, masked prefixes per row", sh, grad=False,
-                                              attn_mask=prefix_masked(gen, sh))),
-        run.against_reference(run.random_case("-inf bias pattern [1, 1, Sq, Sk], masked prefixes", sh, grad=False,
-                                              attn_mask=prefix_masked(gen, sh, per_head=False, reverse=True)[:1])),
-        run.against_reference(run.random_case("window (40, 0), the last keys only", sh, grad=False, window=(40, 0))),
-        run.against_reference(run.random_case("window (48, 16), Sq = Sk = 300", shape(1, 2, 2, 300, 300, 32),
-                                              grad=False, window=(48, 16))),
-        run.against_reference(run.random_case("kv_lens with a window (30, 0)", sh, grad=False,
-                                              kv_lens=[sk - 120, sk - 250], window=(30, 0))),
-    ]
+    records = _masked_prefix_cases(run, shape(2, 2, 2, 24, 520, 32), "")
+    records.append(run.against_reference(run.random_case("window (48, 16), Sq = Sk = 300", shape(1, 2, 2, 300, 300, 32),
+                                                         grad=False, window=(48, 16))))
+    if not run.quick:  # full adds the same patterns over 1100 keys (the profiles nest: quick's cases stay)
+        records += _masked_prefix_cases(run, shape(2, 2, 2, 64, 1100, 32), ", Sk = 1100")
     for record in records:
         if record is not None and record.status == "FAIL":
             _explain_first_blocks(run, record)
+
+
+def _masked_prefix_cases(run, sh, suffix):
+    """The masked-prefix patterns of :func:`across_blocks` on one shape (their records)."""
+    gen, sk = generator(run.seed("prefix" + suffix)), sh.len_k
+    return [
+        run.against_reference(run.random_case("attn_mask, masked prefixes per row" + suffix, sh, grad=False,
+                                              attn_mask=prefix_masked(gen, sh))),
+        run.against_reference(run.random_case("-inf bias pattern [1, 1, Sq, Sk], masked prefixes" + suffix, sh,
+                                              grad=False,
+                                              attn_mask=prefix_masked(gen, sh, per_head=False, reverse=True)[:1])),
+        run.against_reference(run.random_case("window (40, 0), the last keys only" + suffix, sh, grad=False,
+                                              window=(40, 0))),
+        run.against_reference(run.random_case("kv_lens with a window (30, 0)" + suffix, sh, grad=False,
+                                              kv_lens=[sk - 120, sk - 250], window=(30, 0))),
+    ]
 
 
 def _explain_first_blocks(run, record):

@@ -53,11 +53,14 @@ def random(run):
 @check("bwd.lengths")
 def lengths(run):
     """Ragged boundaries: lengths around block multiples, Sq != Sk, with and without causal."""
-    sks = run.pick([1, 17, 63, 129], [1, 15, 17, 31, 33, 63, 65, 127, 129, 255, 257])
-    for n, sk in enumerate(sks):
-        sh = shape(2, 2, 2, (13, 70, sk)[n % 3], sk, 32)
-        kw = {"causal": "bottom_right"} if n % 2 else {}
-        _backward_case(run, run.random_case(f"Sk={sk}", sh, **kw))
+    for sk, sq, causal in LENGTHS + run.pick([], FULL_LENGTHS):
+        kw = {"causal": "bottom_right"} if causal else {}
+        _backward_case(run, run.random_case(f"Sk={sk}", shape(2, 2, 2, sq, sk, 32), **kw))
+
+
+# (Sk, Sq, causal) of bwd.lengths; full adds to quick's cases, never changes one
+LENGTHS = [(1, 13, False), (17, 70, True), (63, 63, False), (129, 13, True)]
+FULL_LENGTHS = [(sk, (13, 70, sk)[n % 3], n % 2 == 1) for n, sk in enumerate((15, 31, 33, 65, 127, 255, 257))]
 
 
 @check("bwd.gqa")

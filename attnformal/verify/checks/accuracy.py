@@ -10,9 +10,10 @@ import math
 
 import torch
 
-from attnformal.verify.cases import generator, make_case, non_contiguous, randn, random_attn_mask, shape, value_offsets
+from attnformal.verify.cases import (bshd, cache_slice, generator, make_case, non_contiguous, packed_kv, randn,
+                                    random_attn_mask, shape, strided_features, value_offsets)
 from attnformal.verify.checks import check
-from attnformal.verify.diagnosis import COMMON_BLOCKS, PATTERN, STRONG
+from attnformal.verify.diagnosis import COMMON_BLOCKS, PATTERN, STRONG, strides_mixed_findings
 
 # -- shapes
 
@@ -82,6 +83,36 @@ def noncontiguous(run):
     if record is not None and record.status == "FAIL" and passed_control is not None \
             and passed_control.status == "pass":
         run.find("strides_ignored", STRONG, "the same values fail only when passed as non-contiguous views")
+
+
+LAYOUTS = {  # name -> (q, k, v) -> (q, k, v) views of the same values, each tensor in its own layout
+    "q [B, S, H, D], k a KV-cache slice, v contiguous": lambda q, k, v: (bshd(q), cache_slice(k), v),
+    "k [B, S, H, D], v a KV-cache slice": lambda q, k, v: (q, bshd(k), cache_slice(v)),
+    "k contiguous, v [B, S, H, D]": lambda q, k, v: (q, k, bshd(v)),
+    "q head-dim stride 2, k and v one packed [B, S, 2, H, D] buffer": lambda q, k, v: (strided_features(q),
+                                                                                        *packed_kv(k, v)),
+    "q a KV-cache slice, k head-dim stride 2, v [B, S, H, D]": lambda q, k, v: (cache_slice(q), strided_features(k),
+                                                                               bshd(v)),
+}
+
+
+@check("fwd.layouts")
+def layouts(run):
+    """q, k and v each in its own layout ([B, S, H, D], a KV-cache slice, head-dim stride 2, one packed KV
+    buffer), against their contiguous twin."""
+    sh = shape(2, 4, 2, 37, 53, 32)
+    control = run.random_case("contiguous twin", sh, grad=False, causal="bottom_right", incidental=("causal",))
+    passed = run.against_reference(control)
+    for name, lay_out in LAYOUTS.items():
+        q, k, v = lay_out(control.q, control.k, control.v)
+        record = run.against_reference(control.with_(name=name, q=q, k=k, v=v))
+        if record is None or record.status != "FAIL" or passed is None or passed.status != "pass":
+            continue
+        found = strides_mixed_findings(record)
+        for f in found:
+            run.find(f.bug, f.weight, f"{name}: {f.evidence}")
+        if not found:
+            run.find("strides_ignored", PATTERN, f"{name}: the same values fail only in these layouts")
 
 
 @check("fwd.long", full_only=True)

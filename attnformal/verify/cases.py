@@ -152,3 +152,32 @@ def non_contiguous(t: torch.Tensor) -> torch.Tensor:
     view = buffer.transpose(1, 2)[..., ::2]
     view.copy_(t)
     return view
+
+
+# Memory layouts a kernel meets, each a view of ``[B, H, S, D]`` values (issue 25): a tensor of a call may
+# have its own, so a kernel that reads one tensor with another's strides is seen.
+def bshd(t: torch.Tensor) -> torch.Tensor:
+    """Stored ``[B, S, H, D]`` (flash-attention's layout), seen through a transpose."""
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def cache_slice(t: torch.Tensor, capacity: int = 3) -> torch.Tensor:
+    """The first ``S`` positions of a KV cache of ``capacity * S + 5`` positions: a large batch and head stride."""
+    b, h, s, d = t.shape
+    cache = torch.zeros(b, h, capacity * s + 5, d, dtype=t.dtype, device=t.device)
+    cache[:, :, :s] = t
+    return cache[:, :, :s]
+
+
+def strided_features(t: torch.Tensor) -> torch.Tensor:
+    """Every other feature of a buffer twice as wide: a head-dim stride of 2."""
+    buffer = torch.zeros(*t.shape[:3], 2 * t.shape[3], dtype=t.dtype, device=t.device)
+    buffer[..., ::2] = t
+    return buffer[..., ::2]
+
+
+def packed_kv(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """k and v as the two halves of one ``[B, S, 2, H, D]`` buffer (a fused KV projection): same strides,
+    different offsets."""
+    buffer = torch.stack([k.transpose(1, 2), v.transpose(1, 2)], 2)
+    return buffer[:, :, 0].transpose(1, 2), buffer[:, :, 1].transpose(1, 2)

@@ -77,6 +77,8 @@ BUG_CLASSES = {c.id: c for c in (
     BugClass("alibi_sign", "ALiBi's bias has the wrong sign (+slope * distance)"),
     BugClass("alibi_alignment", "ALiBi's distance is aligned top-left (|i - j|) instead of bottom-right "
                                 "(|i + Sk - Sq - j|, flash-attention's convention)"),
+    BugClass("strides_mixed", "one tensor is read with another's strides (K with V's, or V with K's): wrong "
+                              "whenever they have different layouts"),
     BugClass("strides_ignored", "non-contiguous inputs are read as if contiguous (strides ignored)"),
     BugClass("low_precision_accumulation", "accumulation in low precision: the error grows with the sequence length"),
     BugClass("nondeterminism", "repeated identical calls disagree (a race or an uninitialised read)"),
@@ -363,6 +365,37 @@ def _max_error(actual, reference) -> float:
     same = torch.isinf(reference) & (actual.detach().double().cpu() == reference)
     diff = torch.where(same, 0.0, diff).nan_to_num(nan=math.inf)
     return float(diff.max()) if diff.numel() else 0.0
+
+
+def strides_mixed_findings(record) -> list[Finding]:
+    """Whether a failing case's output is what reading K with V's strides (or V with K's) gives.
+
+    Each mutant reads the tensor's own storage through the other's strides, where that stays inside
+    the storage; it explains the result when its error is below 5% of the true reference's."""
+    case, observed = record.case, record.observed
+    error = _max_error(observed.out, record.expected.values["out"])
+    if not math.isfinite(error) or case.k.shape != case.v.shape or case.k.stride() == case.v.stride():
+        return []
+    found = []
+    for reader, other, label in ((case.k, case.v, "K is read with V's strides"),
+                                 (case.v, case.k, "V is read with K's strides")):
+        misread = _read_with(reader, other.stride())
+        if misread is None:
+            continue
+        k, v = (misread, case.v) if reader is case.k else (case.k, misread)
+        mutant = _reference_of(case.q, k, v, None, **_cpu_kwargs(case))["out"]
+        if _max_error(observed.out, mutant) <= 0.05 * error:
+            found.append(finding("strides_mixed", STRONG, f"the result matches a problem where {label} "
+                                                          f"({list(other.stride())} for {list(reader.stride())})"))
+    return found
+
+
+def _read_with(t: torch.Tensor, stride) -> torch.Tensor | None:
+    """``t``'s storage read through ``stride`` (from its own offset), or None when that leaves the storage."""
+    last = t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape, stride))
+    if last >= t.untyped_storage().nbytes() // t.element_size():
+        return None
+    return t.as_strided(t.shape, stride, t.storage_offset())
 
 
 # ---------------------------------------------------------------- probabilities: the mask actually used

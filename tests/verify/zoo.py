@@ -59,6 +59,8 @@ ZOO = [
     Specimen("chunk_off_by_one", "chunk_off_by_one", "chunks start one key late (key j in chunk (j - 1) // C)"),
     Specimen("prefix_wrong_batch", "prefix_wrong", "batch b uses the prefix length of batch b + 1"),
     Specimen("strides_ignored", "strides_ignored", "inputs are read as if contiguous"),
+    # FlagAttention flash.py's bug (issue 25): K read with V's strides
+    Specimen("strides_mixed", "strides_mixed", "K is read with V's strides (right when they share a layout)"),
     Specimen("input_mutation", "input_mutation", "q is pre-scaled in place"),
     Specimen("dropout_rate", "dropout_rate", "keeps with probability p instead of 1 - p"),
     Specimen("lse_without_max", "lse_wrong", "lse = log(l), the running max forgotten"),
@@ -106,6 +108,8 @@ def attention(q, k, v, *, scale=None, causal=None, window=None, attn_mask=None, 
                                      alibi_slopes=alibi_slopes, bias=bias)
     if bug == "strides_ignored":
         q, k, v = (t.as_strided(t.shape, torch.empty(t.shape).stride()) for t in (q, k, v))
+    if bug == "strides_mixed" and k.shape == v.shape:
+        k = _read_with(k, v.stride())
     if bug == "input_mutation":
         with torch.no_grad():
             q.mul_(spec.scale)
@@ -114,6 +118,15 @@ def attention(q, k, v, *, scale=None, causal=None, window=None, attn_mask=None, 
         spec = spec.replace(scale=1.0 / math.sqrt(spec.head_dim))
     out, lse = _Flash.apply(q, k, v, sinks, bias, spec, _keep_weights(spec, q, bug), bug)
     return (out, lse) if return_lse else out
+
+
+def _read_with(t, stride):
+    """``t``'s storage seen through ``stride``, as a kernel given the wrong tensor's strides reads it (its own
+    strides where the other's would leave the storage)."""
+    last = t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape, stride))
+    if last >= t.untyped_storage().nbytes() // t.element_size():
+        return t
+    return t.as_strided(t.shape, stride, t.storage_offset())
 
 
 def _packed(q, k, v, cu_q, cu_k, per_batch, slopes, keywords, return_lse, bug):

@@ -10,9 +10,10 @@ import math
 
 import torch
 
-from attnformal.verify.cases import generator, make_case, non_contiguous, randn, random_attn_mask, shape, value_offsets
+from attnformal.verify.cases import (bshd, cache_slice, generator, make_case, non_contiguous, packed_kv, randn,
+                                    random_attn_mask, shape, strided_features, value_offsets)
 from attnformal.verify.checks import check
-from attnformal.verify.diagnosis import COMMON_BLOCKS, PATTERN, STRONG
+from attnformal.verify.diagnosis import COMMON_BLOCKS, PATTERN, STRONG, strides_mixed_findings
 
 # -- shapes
 
@@ -82,6 +83,37 @@ def noncontiguous(run):
     if record is not None and record.status == "FAIL" and passed_control is not None \
             and passed_control.status == "pass":
         run.find("strides_ignored", STRONG, "the same values fail only when passed as non-contiguous views")
+
+
+LAYOUTS = {  # name -> (q, k, v) -> (q, k, v) views of the same values, each tensor in its own layout
+    "q [B, S, H, D], k a KV-cache slice, v contiguous": lambda q, k, v: (bshd(q), cache_slice(k), v),
+    "k [B, S, H, D], v a KV-cache slice": lambda q, k, v: (q, bshd(k), cache_slice(v)),
+    "k contiguous, v [B, S, H, D]": lambda q, k, v: (q, k, bshd(v)),
+    "q head-dim stride 2, k and v one packed [B, S, 2, H, D] buffer": lambda q, k, v: (strided_features(q),
+                                                                                        *packed_kv(k, v)),
+    "q a KV-cache slice, k head-dim stride 2, v [B, S, H, D]": lambda q, k, v: (cache_slice(q), strided_features(k),
+                                                                               bshd(v)),
+}
+
+
+@check("fwd.layouts")
+def layouts(run):
+    """q, k and v each in its own layout ([B, S, H, D], a KV-cache slice, head-dim stride 2, one packed KV
+    buffer), against their contiguous twin."""
+    sh = shape(2, 4, 2, 37, 53, 32)
+    control = run.random_case("contiguous twin", sh, grad=False, causal="bottom_right", incidental=("causal",))
+    expected = run.expected(control)  # the same values in every layout: one reference
+    passed = run.against_reference(control, expected=expected)
+    for name, lay_out in LAYOUTS.items():
+        q, k, v = lay_out(control.q, control.k, control.v)
+        record = run.against_reference(control.with_(name=name, q=q, k=k, v=v), expected=expected)
+        if record is None or record.status != "FAIL" or passed is None or passed.status != "pass":
+            continue
+        found = strides_mixed_findings(record)
+        for f in found:
+            run.find(f.bug, f.weight, f"{name}: {f.evidence}")
+        if not found:
+            run.find("strides_ignored", PATTERN, f"{name}: the same values fail only in these layouts")
 
 
 @check("fwd.long", full_only=True)
@@ -191,23 +223,30 @@ def prefix_masked(gen, sh, *, per_head=True, reverse=False):
 def across_blocks(run):
     """Rows whose first key blocks (64 ... 512 keys) are all masked and later keys are not: attn_mask,
     a broadcast -inf bias pattern, windows, kv_lens with a window; several 128- and 256-key blocks."""
-    sk = run.pick(520, 1100)
-    sh = shape(2, 2, 2, run.pick(24, 64), sk, 32)
-    gen = generator(run.seed("prefix"))
-    records = [
-        run.against_reference(run.random_case("attn_mask, masked prefixes per row", sh, grad=False,
-                                              attn_mask=prefix_masked(gen, sh))),
-        run.against_reference(run.random_case("-inf bias pattern [1, 1, Sq, Sk], masked prefixes", sh, grad=False,
-                                              attn_mask=prefix_masked(gen, sh, per_head=False, reverse=True)[:1])),
-        run.against_reference(run.random_case("window (40, 0), the last keys only", sh, grad=False, window=(40, 0))),
-        run.against_reference(run.random_case("window (48, 16), Sq = Sk = 300", shape(1, 2, 2, 300, 300, 32),
-                                              grad=False, window=(48, 16))),
-        run.against_reference(run.random_case("kv_lens with a window (30, 0)", sh, grad=False,
-                                              kv_lens=[sk - 120, sk - 250], window=(30, 0))),
-    ]
+    records = _masked_prefix_cases(run, shape(2, 2, 2, 24, 520, 32), "")
+    records.append(run.against_reference(run.random_case("window (48, 16), Sq = Sk = 300", shape(1, 2, 2, 300, 300, 32),
+                                                         grad=False, window=(48, 16))))
+    if not run.quick:  # full adds the same patterns over 1100 keys (the profiles nest: quick's cases stay)
+        records += _masked_prefix_cases(run, shape(2, 2, 2, 64, 1100, 32), ", Sk = 1100")
     for record in records:
         if record is not None and record.status == "FAIL":
             _explain_first_blocks(run, record)
+
+
+def _masked_prefix_cases(run, sh, suffix):
+    """The masked-prefix patterns of :func:`across_blocks` on one shape (their records)."""
+    gen, sk = generator(run.seed("prefix" + suffix)), sh.len_k
+    return [
+        run.against_reference(run.random_case("attn_mask, masked prefixes per row" + suffix, sh, grad=False,
+                                              attn_mask=prefix_masked(gen, sh))),
+        run.against_reference(run.random_case("-inf bias pattern [1, 1, Sq, Sk], masked prefixes" + suffix, sh,
+                                              grad=False,
+                                              attn_mask=prefix_masked(gen, sh, per_head=False, reverse=True)[:1])),
+        run.against_reference(run.random_case("window (40, 0), the last keys only" + suffix, sh, grad=False,
+                                              window=(40, 0))),
+        run.against_reference(run.random_case("kv_lens with a window (30, 0)" + suffix, sh, grad=False,
+                                              kv_lens=[sk - 120, sk - 250], window=(30, 0))),
+    ]
 
 
 def _explain_first_blocks(run, record):

@@ -15,7 +15,8 @@ import math
 import torch
 
 from attnformal.testing import compare_attention, tolerance_for
-from attnformal.verify.cases import generator, non_contiguous, randn, random_attn_mask, shape
+from attnformal.verify.cases import (bshd, cache_slice, generator, non_contiguous, randn, random_attn_mask, shape,
+                                    strided_features)
 from attnformal.verify.checks import check
 from attnformal.verify.checks.accuracy import empty_row_cases, prefix_masked
 from attnformal.verify.diagnosis import HINT, PATTERN, STRONG, name_factor
@@ -53,11 +54,14 @@ def random(run):
 @check("bwd.lengths")
 def lengths(run):
     """Ragged boundaries: lengths around block multiples, Sq != Sk, with and without causal."""
-    sks = run.pick([1, 17, 63, 129], [1, 15, 17, 31, 33, 63, 65, 127, 129, 255, 257])
-    for n, sk in enumerate(sks):
-        sh = shape(2, 2, 2, (13, 70, sk)[n % 3], sk, 32)
-        kw = {"causal": "bottom_right"} if n % 2 else {}
-        _backward_case(run, run.random_case(f"Sk={sk}", sh, **kw))
+    for sk, sq, causal in LENGTHS + run.pick([], FULL_LENGTHS):
+        kw = {"causal": "bottom_right"} if causal else {}
+        _backward_case(run, run.random_case(f"Sk={sk}", shape(2, 2, 2, sq, sk, 32), **kw))
+
+
+# (Sk, Sq, causal) of bwd.lengths; full adds to quick's cases, never changes one
+LENGTHS = [(1, 13, False), (17, 70, True), (63, 63, False), (129, 13, True)]
+FULL_LENGTHS = [(sk, (13, 70, sk)[n % 3], n % 2 == 1) for n, sk in enumerate((15, 31, 33, 65, 127, 255, 257))]
 
 
 @check("bwd.gqa")
@@ -102,15 +106,18 @@ def empty_rows(run):
 
 @check("bwd.noncontiguous")
 def noncontiguous(run):
-    """Non-contiguous q, k, v and dO, against their contiguous twin."""
+    """Non-contiguous q, k, v and dO (one shared layout, and each its own), against their contiguous twin."""
     sh = shape(2, 4, 2, 37, 53, 32)
     control = run.random_case("contiguous twin", sh, causal="bottom_right", incidental=("causal",))
     twin = control.with_(name="non-contiguous", q=non_contiguous(control.q), k=non_contiguous(control.k),
                          v=non_contiguous(control.v), grad_out=non_contiguous(control.grad_out))
+    mixed = control.with_(name="q [B, S, H, D], k head-dim stride 2, v a KV-cache slice, dO [B, S, H, D]",
+                          q=bshd(control.q), k=strided_features(control.k), v=cache_slice(control.v),
+                          grad_out=bshd(control.grad_out))  # each tensor its own layout
     passed = _backward_case(run, control)
-    record = _backward_case(run, twin)
-    if record is not None and record.status == "FAIL" and passed is not None and passed.status == "pass":
-        run.find("strides_ignored", STRONG, "the same gradients fail only with non-contiguous views")
+    for record in (_backward_case(run, twin), _backward_case(run, mixed)):
+        if record is not None and record.status == "FAIL" and passed is not None and passed.status == "pass":
+            run.find("strides_ignored", STRONG, f"{record.case.name}: the same gradients fail only in these layouts")
 
 
 @check("bwd.key_sum")

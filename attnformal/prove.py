@@ -500,10 +500,9 @@ def parse(argv):
     parser.add_argument("--report", metavar="FILE.md", help="write a markdown report for design reviews")
     parser.add_argument("--budget", metavar="M", type=cli.number(above=0, what="millions of units > 0"),
                         default=DEFAULT_BUDGET,
-                        help=f"deterministic budget: M million Z3 resource units (rlimit) per obligation "
-                             f"({DEFAULT_BUDGET}); the verdict does not depend on load")
+                        help=f"per obligation: M million Z3 resource units, load-independent ({DEFAULT_BUDGET})")
     parser.add_argument("--timeout", metavar="S", type=cli.seconds, default=DEFAULT_WALL_S,
-                        help=f"wall-clock safety net per obligation ({DEFAULT_WALL_S:g}): past it, interrupted")
+                        help=f"wall-clock safety net per obligation ({DEFAULT_WALL_S:g})")
     parser.add_argument("--block-m", type=int, metavar="M",
                         help="also name TileSchedule(M, N) (with --block-n): an instance of the all-sizes theorems")
     parser.add_argument("--block-n", type=int, metavar="N", help="... and N key columns")
@@ -516,7 +515,7 @@ def parse(argv):
     parser.add_argument("--jobs", type=cli.integer(minimum=1), default=min(2, os.cpu_count() or 1), metavar="N",
                         help="worker processes (<= 2)")
     parser.add_argument("--no-cache", action="store_true",
-                        help="prove everything again (default: an unchanged obligation's verdict is reused)")
+                        help="re-prove everything (default: reuse unchanged verdicts)")
     args = parser.parse_args(argv)
     if (args.block_m is None) != (args.block_n is None):
         parser.error("argument '--block-m'/'--block-n': expected both, got only one")

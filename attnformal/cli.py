@@ -26,11 +26,17 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-import torch
-
 DOCS = "docs/references-and-scale.md"
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
-          "fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
+
+
+def __getattr__(name):
+    """``DTYPES`` (names to torch dtypes), built on first use: `prove` uses this module without torch."""
+    if name != "DTYPES":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import torch
+
+    return {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
+            "fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
 
 
 class UsageError(ValueError):
@@ -180,6 +186,8 @@ def integer(*, minimum: int | None = None, below: int | None = None, what: str |
 
 def check_device(device: str, option: str = "--device") -> str:
     """``device`` can hold a tensor here, or a :class:`UsageError` naming ``option``."""
+    import torch
+
     try:
         torch.empty(0, device=device)
     except Exception as err:  # RuntimeError, or AssertionError from a torch built without CUDA

@@ -6,8 +6,14 @@ instances of the axioms it may use, and asserts the negation of the claim:
 * ``unsat``  -- **proved**; the solver's unsat core names the hypotheses and axioms the proof
   actually used, and only those are recorded (an axiom that was offered but not needed is not);
 * a model    -- **refuted**; the model is rendered as a readable counterexample;
-* anything else (``unknown``, a timeout) -- **unknown**, never proved; the query is kept
-  in SMT-LIB form so it can be replayed.
+* anything else -- **unknown**, never proved (the deterministic budget ran out, or Z3 gave up);
+  the query is kept in SMT-LIB form so it can be replayed;
+* the wall-clock safety net ran out first -- **interrupted** (by time): no verdict was reached,
+  which fails the run like unknown but says the machine, not the budget, ended it.
+
+Budgets are deterministic (:class:`Budget`): every query draws on its obligation's Z3 resource
+count (``rlimit``, as Dafny's ``--resource-limit``, F*'s ``rlimit`` and Lean's ``maxHeartbeats``),
+so a verdict and the resources it used are the same on every machine and under any load.
 
 Before the negation goes in, the solver must find a model of the hypotheses together with
 the axiom instances and, for a claim ``premise => conclusion``, the premise. That shows the
@@ -44,6 +50,7 @@ from typing import Any
 import z3
 
 PROVED, CHECKED, REFUTED, UNKNOWN, VACUOUS = "proved", "checked", "refuted", "unknown", "vacuous"
+INTERRUPTED = "interrupted"  # by the wall-clock safety net: no verdict (see Budget)
 
 
 # ---------------------------------------------------------------------------- values
@@ -67,6 +74,7 @@ class Proof:
     case: str = ""  # the case that failed, when a check splits into cases
     queries: int = 0
     seconds: float = 0.0
+    rlimit: int = 0  # Z3 resource units the check used (deterministic: the same on every machine)
     detail: str = ""  # why unknown or vacuous; for a checked proof, the domain it was checked on
     query: str = ""  # SMT-LIB of an unknown query, for replay
     model: Any = field(default=None, repr=False, compare=False)  # the raw countermodel, when asked for
@@ -121,47 +129,100 @@ class Query:
         return None, self.claim
 
 
-class Budget:
-    """The time one obligation may spend; all of its queries draw on it."""
+RLIMIT_UNIT = 10 ** 6  # --budget counts millions of Z3 resource units
+DEFAULT_BUDGET = 300  # millions of units per obligation: 10x what the costliest (obligation 15) needs (docs/measured.md)
+DEFAULT_WALL_S = 3600.0  # the wall-clock safety net per obligation: above what the whole budget takes (~500 s quiet)
 
-    def __init__(self, seconds: float):
+
+class Budget:
+    """What one obligation may spend; all of its queries draw on it.
+
+    ``rlimit`` -- Z3 resource units (its deterministic ``rlimit`` count): the budget a verdict rests
+    on, the same on every machine and under any load; running out of it leaves a query *unknown*.
+    ``seconds`` -- a wall-clock safety net far above what ``rlimit`` takes; running out of it
+    (or SymPy's or an exhaustive check's time, which Z3 does not count) is *interrupted by time*.
+    """
+
+    def __init__(self, seconds: float = DEFAULT_WALL_S, rlimit: int = DEFAULT_BUDGET * RLIMIT_UNIT):
+        self.seconds, self.rlimit, self.used = seconds, rlimit, 0
         self.end = time.monotonic() + seconds
 
     def left(self) -> float:
+        """Wall seconds left before the safety net."""
         return max(0.0, self.end - time.monotonic())
+
+    def units_left(self) -> int:
+        return max(0, self.rlimit - self.used)
+
+    def spent(self) -> str:
+        """Why nothing more may be tried ("" while both limits have some left)."""
+        if self.left() <= 0:
+            return f"interrupted by time: the wall-clock safety net ({self.seconds:g} s) ran out"
+        if self.units_left() <= 0:
+            return f"the deterministic budget ({self.rlimit / RLIMIT_UNIT:g} M resource units) is spent"
+        return ""
+
+    def check(self, solver, *assumptions, share: float = 1.0):
+        """``solver.check()`` within ``share`` of the units left and the wall time left; the units it
+        used are charged. Returns ``(verdict, units used)``."""
+        solver.set("rlimit", max(1, int(self.units_left() * share)))
+        solver.set("timeout", max(1, int(self.left() * 1000)))
+        before = rlimit_count(solver)
+        verdict = solver.check(*assumptions)
+        used = rlimit_count(solver) - before
+        self.used += used
+        return verdict, used
+
+    def unknown_reason(self, solver) -> tuple[str, str]:
+        """``(status, detail)`` of a check that came back unknown: interrupted if the wall clock
+        ended it, else unknown (the units ran out, or Z3 gave up)."""
+        reason = solver.reason_unknown()
+        if reason == "timeout" or self.left() <= 0:
+            return INTERRUPTED, f"interrupted by time: the wall-clock safety net ({self.seconds:g} s) ran out"
+        if reason in ("canceled", "max. resource limit exceeded") or self.units_left() <= 0:
+            return UNKNOWN, f"the deterministic budget ran out ({reason}; {self.rlimit / RLIMIT_UNIT:g} M units)"
+        return UNKNOWN, reason
+
+
+def rlimit_count(solver) -> int:
+    """Z3's resource count of the solver's context so far (it only grows; differences are a check's use)."""
+    statistics = solver.statistics()
+    return int(statistics.get_key_value("rlimit count")) if "rlimit count" in statistics.keys() else 0
 
 
 # ---------------------------------------------------------------------------- Z3
 
 
-def plain_solver(timeout_s: float) -> z3.Solver:
-    solver = z3.Solver()
-    solver.set("timeout", max(1, int(timeout_s * 1000)))
-    return solver
+# The solvers take their limits from the Budget at each check (Budget.check): rlimit and the wall net.
 
 
-def minimal_core_solver(timeout_s: float) -> z3.Solver:
+def plain_solver() -> z3.Solver:
+    return z3.Solver()
+
+
+def minimal_core_solver() -> z3.Solver:
     """:func:`plain_solver` whose unsat cores are minimal: no axiom in one can be dropped. Cheap
     where many axiom schemas are offered (the IEEE theorems); on nonlinear integer queries Z3's
-    minimisation can run until the timeout, so they keep the plain core (which may name more)."""
-    solver = plain_solver(timeout_s)
+    minimisation can use up the budget, so they keep the plain core (which may name more)."""
+    solver = plain_solver()
     solver.set("core.minimize", True)
     return solver
 
 
-def bitblast_solver(timeout_s: float) -> z3.Solver:
+def bitblast_solver() -> z3.Solver:
     """A solver for quantifier-free IEEE queries: to bit-vectors, uninterpreted functions
     (exp, log) eliminated by Ackermann's reduction, then SAT -- several times faster than
-    Z3's default on these queries. It gives no unsat cores (see :func:`_decide`)."""
+    Z3's default on these queries. It gives no unsat cores (see :func:`_decide`). A tactic's
+    solver honours ``rlimit`` as any solver does (tested: it stops at the limit)."""
     tactic = z3.Then("simplify", "fpa2bv", "simplify", "propagate-values", "ackermannize_bv", "bit-blast", "sat")
-    return z3.TryFor(tactic, max(1, int(timeout_s * 1000))).solver()
+    return tactic.solver()
 
 
 bitblast_solver.gives_cores = False
 
 
 def check_z3(claim: str, queries: Iterable[Query], *, budget: Budget, axioms: Sequence[Axiom] = (),
-             by: Sequence[Proof] = (), solver: Callable[[float], z3.Solver] = plain_solver,
+             by: Sequence[Proof] = (), solver: Callable[[], z3.Solver] = plain_solver,
              keep_model: bool = False) -> Proof:
     """Decide every query (the cases of one theorem); the theorem is proved iff all are.
 
@@ -169,7 +230,7 @@ def check_z3(claim: str, queries: Iterable[Query], *, budget: Budget, axioms: Se
     axioms the cores show were used, they become the proof's ``by``. A lemma that is not
     proved leaves the theorem unknown.
     """
-    start = time.perf_counter()
+    start, units = time.perf_counter(), budget.used
     unproved = [p.claim for p in (*by, *(p for a in axioms for p in a.by)) if not p.ok]
     if unproved:
         return Proof(claim, "z3", UNKNOWN, detail="rests on lemmas that were not proved: " + "; ".join(unproved))
@@ -182,14 +243,14 @@ def check_z3(claim: str, queries: Iterable[Query], *, budget: Budget, axioms: Se
         outcome, used_hypotheses, used_axioms = _decide(query, axioms, budget, solver, keep_model)
         if outcome.status != PROVED:
             return outcome.but(claim=claim, queries=count, seconds=time.perf_counter() - start,
-                               hypotheses=tuple(text for text, _ in query.hypotheses))
+                               rlimit=budget.used - units, hypotheses=tuple(text for text, _ in query.hypotheses))
         hypotheses.update(dict.fromkeys(used_hypotheses))
         used.update(dict.fromkeys(used_axioms))
         notes.update(dict.fromkeys(filter(None, [outcome.detail and f"{query.case}: {outcome.detail}"])))
     lemmas = (*by, *(p for a in axioms if a.name in used for p in a.by))
     return Proof(claim, "z3", PROVED if count else UNKNOWN, tuple(hypotheses),
                  tuple(sorted(a.describe() for a in axioms if a.name in used)), tuple(lemmas),
-                 queries=count, seconds=time.perf_counter() - start,
+                 queries=count, seconds=time.perf_counter() - start, rlimit=budget.used - units,
                  detail="; ".join(notes) if count else "no query was generated")
 
 
@@ -203,8 +264,10 @@ def _decide(query: Query, axioms: Sequence[Axiom], budget: Budget, solver_for, k
     Each makes a single ``check``: Z3 then picks its best strategy for the logic (nonlinear
     integer queries are orders of magnitude faster than in incremental mode).
     """
-    if budget.left() <= 0:
-        return Proof("", "z3", UNKNOWN, case=query.case, detail="obligation timeout reached before this query"), (), ()
+    spent = budget.spent()
+    if spent:
+        status = INTERRUPTED if budget.left() <= 0 else UNKNOWN
+        return Proof("", "z3", status, case=query.case, detail=spent + " before this query"), (), ()
     premise, conclusion = query.premise_and_conclusion()
     terms = TermIndex([query.claim, *(formula for _, formula in query.hypotheses)]) if axioms else None
     instances = {axiom.name: axiom.instances(terms) for axiom in axioms}
@@ -216,18 +279,19 @@ def _decide(query: Query, axioms: Sequence[Axiom], budget: Budget, solver_for, k
         return not_vacuous, (), ()
 
     negation = [*([premise] if premise is not None else []), z3.Not(conclusion)]
-    solver = solver_for(budget.left() / 2 if labelled else budget.left())  # half: see the retry below
+    solver = solver_for()
     for index, (_, formula) in enumerate(labelled):
         solver.assert_and_track(formula, z3.Bool(f"{_TRACK}{index}"))
     solver.add(*negation)
-    verdict, detail = solver.check(), ""
+    verdict, detail = budget.check(solver, share=0.5 if labelled else 1.0)[0], ""  # half: see the retry below
     core = {int(str(label).removeprefix(_TRACK)) for label in solver.unsat_core()} if verdict == z3.unsat else None
-    if verdict == z3.unknown and labelled and budget.left() > 0:
+    if verdict == z3.unknown and labelled and not budget.spent():
         # Tracked assertions turn off some of Z3's preprocessing; decide without them, and
         # then everything the solver was given counts as used.
-        solver = solver_for(budget.left())
+        solver = solver_for()
         solver.add(*(formula for _, formula in labelled), *negation)
-        verdict, detail = solver.check(), "no unsat core (undecided with tracked assertions): all given are listed"
+        verdict = budget.check(solver)[0]
+        detail = "no unsat core (undecided with tracked assertions): all given are listed"
     if verdict == z3.unsat:
         if core is None or not getattr(solver_for, "gives_cores", True):  # no core: all counts as used
             core = set(range(len(labelled)))
@@ -236,10 +300,10 @@ def _decide(query: Query, axioms: Sequence[Axiom], budget: Budget, solver_for, k
                 [name for kind, name in used if kind == "hypothesis"], [name for kind, name in used if kind == "axiom"])
     if verdict == z3.sat:
         model = solver.model()  # before the readability attempt, which may end without one
-        model = _readable_model(solver, query.show) or model
+        model = _readable_model(solver, query.show, budget) or model
         return Proof("", "z3", REFUTED, case=query.case, countermodel=render(model, query.show),
                      model=model if keep_model else None), (), ()
-    return _unknown(solver, query, solver.reason_unknown()), (), ()
+    return _unknown(solver, query, budget), (), ()
 
 
 _SATISFIABLE: set[tuple[str, ...]] = set()  # premises already shown satisfiable (as SMT-LIB text)
@@ -254,10 +318,10 @@ def _satisfiable(labelled, query: Query, budget: Budget) -> Proof | None:
     key = tuple(formula.sexpr() for _, formula in labelled) if len(labelled) <= 4 else None
     if key in _SATISFIABLE:
         return None
-    solver = plain_solver(budget.left())  # finding a model is easy; the tactics need not return one
+    solver = plain_solver()  # finding a model is easy; the tactics need not return one
     for index, ((kind, text), formula) in enumerate(labelled):
         solver.assert_and_track(formula, z3.Bool(f"[{index}] {kind} {text}"))
-    verdict = solver.check()
+    verdict = budget.check(solver)[0]
     if verdict == z3.sat:
         if key is not None:
             _SATISFIABLE.add(key)
@@ -266,18 +330,20 @@ def _satisfiable(labelled, query: Query, budget: Budget) -> Proof | None:
         core = sorted(str(label) for label in solver.unsat_core())
         return Proof("", "z3", VACUOUS, case=query.case,
                      detail="no model of the hypotheses, axiom instances and premise; conflicting: " + "; ".join(core))
-    return _unknown(solver, query, "satisfiability of the hypotheses and premise: " + solver.reason_unknown())
+    return _unknown(solver, query, budget, "satisfiability of the hypotheses and premise: ")
 
 
-def _readable_model(solver, show):
+READABLE_MODEL_SHARE = 0.05  # of the units left: a readable counterexample is a nicety, not a verdict
+
+
+def _readable_model(solver, show, budget: Budget):
     """A counterexample with small whole numbers where one exists (quick try, else None)."""
     wishes = [wish for wish in map(_small_whole_number, show.values()) if wish is not None]
     if not wishes:
         return None
     solver.push()
-    solver.set("timeout", 500)
     solver.add(*wishes)
-    model = solver.model() if solver.check() == z3.sat else None
+    model = solver.model() if budget.check(solver, share=READABLE_MODEL_SHARE)[0] == z3.sat else None
     solver.pop()
     return model
 
@@ -297,8 +363,9 @@ def _small_whole_number(term):
     return None
 
 
-def _unknown(solver, query: Query, reason: str) -> Proof:
-    return Proof("", "z3", UNKNOWN, case=query.case, detail=reason, query=solver.sexpr())
+def _unknown(solver, query: Query, budget: Budget, about: str = "") -> Proof:
+    status, reason = budget.unknown_reason(solver)
+    return Proof("", "z3", status, case=query.case, detail=about + reason, query=solver.sexpr())
 
 
 class TermIndex:
@@ -396,8 +463,8 @@ def check_identities(claim: str, pairs: Iterable[tuple[str, Any, Any]], *, budge
         try:
             with _alarm(budget.left()):
                 status, countermodel, detail = _decide_identity(lhs, rhs, random.Random(seed))
-        except TimeoutError:
-            status, countermodel, detail = UNKNOWN, None, "obligation timeout reached"
+        except TimeoutError:  # SymPy has no deterministic count: its time is the safety net's
+            status, countermodel, detail = INTERRUPTED, None, budget.spent() or "interrupted by time"
         if status != PROVED:
             return Proof(claim, "sympy", status, tuple(hypotheses), countermodel=countermodel, case=case,
                          queries=count, seconds=time.perf_counter() - start, detail=detail)
@@ -496,9 +563,9 @@ def check_exhaustively(claim: str, cases: Iterable[tuple[str, bool, Mapping[str,
         if not holds:
             return Proof(claim, "exhaustive", REFUTED, countermodel={k: str(v) for k, v in shown.items()},
                          case=case, queries=count, seconds=time.perf_counter() - start, detail=f"checked for {domain}")
-        if budget.left() <= 0:
-            return Proof(claim, "exhaustive", UNKNOWN, case=case, queries=count, seconds=time.perf_counter() - start,
-                         detail=f"obligation timeout reached after {count} cases of {domain}")
+        if budget.left() <= 0:  # a finite domain always ends; the safety net only bounds a runaway
+            return Proof(claim, "exhaustive", INTERRUPTED, case=case, queries=count,
+                         seconds=time.perf_counter() - start, detail=f"{budget.spent()} after {count} cases of {domain}")
     return Proof(claim, "exhaustive", CHECKED if count else UNKNOWN, queries=count,
                  seconds=time.perf_counter() - start,
                  detail=f"checked for {domain}" if count else "no case was generated")
@@ -509,9 +576,10 @@ def check_exhaustively(claim: str, cases: Iterable[tuple[str, bool, Mapping[str,
 
 @dataclass(frozen=True)
 class Settings:
-    """What a run proves for: the per-obligation timeout and the schedules it names."""
+    """What a run proves for: the per-obligation budget and safety net, and the schedules it names."""
 
-    timeout: float = 60.0
+    timeout: float = DEFAULT_WALL_S  # the wall-clock safety net per obligation (--timeout)
+    budget: int = DEFAULT_BUDGET  # millions of Z3 resource units per obligation (--budget)
     schedules: tuple = ()  # ((label, TileSchedule), ...): the kernels' and the user's, loaded before proving
     notes: tuple = ()  # what was not loaded, and why (a kernel whose optional dependency is missing)
 
@@ -527,20 +595,26 @@ class Control:
 
     name: str
     breaks: str  # what is wrong, in words
-    target: Any  # the module (or class) that holds the definition
+    target: Any  # the module (or class) that holds the definition; or a module's name, imported when run
     attribute: str
-    replacement: Any  # the broken definition
+    replacement: Any  # the broken definition; with ``wraps``, a function of the original that builds it
     check: Callable[[Budget], Proof]
     expect: str = REFUTED
+    wraps: bool = False
 
     @property
     def replaces(self) -> str:
-        owner = self.target.__name__ if inspect.ismodule(self.target) else \
-            f"{self.target.__module__}.{self.target.__qualname__}"
+        target = self.target
+        owner = target if isinstance(target, str) else target.__name__ if inspect.ismodule(target) else \
+            f"{target.__module__}.{target.__qualname__}"
         return f"{owner}.{self.attribute}"
 
     def run(self, settings: Settings, budget: Budget) -> Proof:
-        with patched(self.target, self.attribute, self.replacement):
+        import importlib
+
+        target = importlib.import_module(self.target) if isinstance(self.target, str) else self.target
+        broken = self.replacement(getattr(target, self.attribute)) if self.wraps else self.replacement
+        with patched(target, self.attribute, broken):
             return self.check(budget)
 
 

@@ -8,9 +8,11 @@ bounded domain, checked) and every control refuted; ``unknown`` (a solver timeou
 proved. ``--report`` writes each theorem with the hypotheses, axioms and lemmas it rests on, the
 commit and tool versions, and what is trusted rather than proved.
 
-Obligations run in worker processes (``--jobs``, default: up to 2), each under a hard time
-limit: ``--timeout`` seconds of solver time, then the process is stopped and what it had not
-decided is unknown.
+Obligations run in worker processes (``--jobs``, default: up to 2). Each has a deterministic
+budget, ``--budget`` millions of Z3 resource units (``rlimit``) for all its queries, so its verdict
+and the resources it used (in ``--json``) are the same on every machine and under any load; a
+query that runs out of it is unknown. ``--timeout`` is only a wall-clock safety net far above
+that: a worker past it is stopped, and what it had not decided is *interrupted* (by time).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import multiprocessing
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -31,7 +34,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
 from attnformal import cli
-from attnformal.logic import CHECKED, PROVED, REFUTED, UNKNOWN, VACUOUS, Budget, Proof, Settings
+from attnformal.logic import (CHECKED, DEFAULT_BUDGET, DEFAULT_WALL_S, INTERRUPTED, PROVED, REFUTED, RLIMIT_UNIT,
+                              UNKNOWN, VACUOUS, Budget, Proof, Settings)
 from attnformal.pictures import prove_options
 from attnformal.schedule import TileSchedule
 
@@ -53,13 +57,15 @@ class ObligationResult:
     theorem: str
     checks: list[Proof] = field(default_factory=list)
     seconds: float = 0.0
+    rlimit: int = 0  # Z3 resource units all its checks used (the same in every run)
+    cached: str = ""  # the cache key it was found under, when it was not proved in this run
 
     @property
     def status(self) -> str:
         """The weakest outcome of its checks: ``checked`` when all hold but some only on a bounded domain."""
         if not self.checks:
             return UNKNOWN
-        for status in (REFUTED, VACUOUS, UNKNOWN, CHECKED):
+        for status in (REFUTED, VACUOUS, UNKNOWN, INTERRUPTED, CHECKED):
             if any(p.status == status for p in self.checks):
                 return status
         return PROVED
@@ -81,6 +87,7 @@ class ControlResult:
     replaces: str
     expect: str
     proof: Proof
+    cached: str = ""  # as ObligationResult.cached
 
     @property
     def ok(self) -> bool:
@@ -110,25 +117,25 @@ def selected(pattern: str | None):
     return chosen
 
 
-def _timeout(module, settings) -> float:
-    """An obligation's solver budget: ``--timeout`` times its ``TIMEOUT_SCALE`` (default 1; obligations whose
-    queries are known to be slow declare more, in their docstring)."""
-    return settings.timeout * getattr(module, "TIMEOUT_SCALE", 1)
+def _budget(settings) -> Budget:
+    """One obligation's budget (its checks share one, its controls another): ``--budget`` units, and
+    the ``--timeout`` safety net."""
+    return Budget(settings.timeout, settings.budget * RLIMIT_UNIT)
 
 
 def _run_checks(number, module, settings):
     start = time.perf_counter()
-    budget = Budget(_timeout(module, settings))
+    budget = _budget(settings)
     try:
         checks = list(module.checks(settings, budget))
     except Exception:  # an obligation that crashes is unknown, with the reason
         checks = [Proof(f"obligation {number} ran", "python", UNKNOWN, detail=traceback.format_exc(limit=4))]
     return ObligationResult(number, module.__name__.rsplit(".", 1)[-1], module.TITLE, module.__doc__ or "",
-                            [_portable(p) for p in checks], time.perf_counter() - start)
+                            [_portable(p) for p in checks], time.perf_counter() - start, budget.used)
 
 
 def _run_controls(number, module, settings):
-    results, budget = [], Budget(_timeout(module, settings))  # one obligation's controls share its timeout
+    results, budget = [], _budget(settings)  # one obligation's controls share one budget
     for control in module.CONTROLS:
         try:
             proof = control.run(settings, budget)
@@ -153,23 +160,47 @@ SPLIT_COST = 4  # an obligation this costly runs its checks and its controls in 
 
 
 def _child(kind, number, module, settings, connection):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the workers, quietly
     connection.send(TASKS[kind](number, module, settings))
     connection.close()
 
 
-def run(chosen, settings: Settings, jobs: int, load_kernels=None):
+def run(chosen, settings: Settings, jobs: int, load_kernels=None, cache=None, progress=None):
     """Run the checks and the controls of each chosen obligation, ``jobs`` processes at a time.
 
     ``load_kernels(settings)`` adds the kernels' schedules. It runs once, right after the first
     workers start (on tasks that need no schedule), so the kernels' imports (torch, triton)
-    overlap the first proofs and every later worker shares them. Returns the checks, the controls
-    and the settings they ran with.
+    overlap the first proofs and every later worker shares them; not at all when every task that
+    needs them is in ``cache`` (a :class:`~attnformal.proofcache.VerdictCache`). ``progress(part,
+    result)`` is told of each part (``"checks"``, ``"controls"``) as it finishes. Returns the checks,
+    the controls and the settings they ran with.
     """
     context = multiprocessing.get_context("fork")
+    results, keys = {}, {}
+    if cache is not None:
+        keys = _cached(chosen, settings, cache, results, progress)
     pending = sorted(((kind, number, module) for number, module in chosen
-                      for kind in (("checks", "controls") if getattr(module, "COST", 1) >= SPLIT_COST else ("both",))),
+                      for kind in (("checks", "controls") if getattr(module, "COST", 1) >= SPLIT_COST else ("both",))
+                      if not all((part, number) in results for part in _parts(kind))),
                      key=_cost, reverse=True)  # longest first
-    running, results = {}, {}
+    if load_kernels is not None and not any(_proves_schedules(t) for t in pending):
+        settings, load_kernels = _kernels_not_needed(settings), None
+    running = {}
+    try:
+        settings = _work(context, pending, running, results, settings, jobs, load_kernels, progress)
+    finally:  # on Ctrl-C too: no worker outlives the run
+        for _, process, _ in running.values():
+            process.kill()
+            process.join()
+    for (part, number), key in keys.items():
+        if (part, number) in results and _passed(results[(part, number)]) and not _from_cache(results[(part, number)]):
+            cache.put(key, results[(part, number)])
+    checks = [results[("checks", n)] for n, _ in chosen]
+    controls = [c for n, _ in chosen for c in results[("controls", n)]]
+    return checks, controls, settings
+
+
+def _work(context, pending, running, results, settings, jobs, load_kernels, progress):
     while pending or running:
         while pending and len(running) < jobs:
             task = next((t for t in pending if load_kernels is None or not _proves_schedules(t)), None)
@@ -187,26 +218,67 @@ def run(chosen, settings: Settings, jobs: int, load_kernels=None):
         for receiver in wait(list(running), timeout=0.5):
             task, process, _ = running.pop(receiver)
             try:
-                _store(results, task, receiver.recv())
+                _store(results, task, receiver.recv(), progress)
             except EOFError:
-                _store(results, task, _failed(task, f"worker exited with code {process.exitcode}"))
+                _store(results, task, _failed(task, f"worker exited with code {process.exitcode}", UNKNOWN), progress)
             process.join()
         for receiver, (task, process, started) in list(running.items()):
-            limit = _timeout(task[2], settings) * (2 if task[0] == "both" else 1) + GRACE_S  # "both": two budgets
+            limit = settings.timeout * (2 if task[0] == "both" else 1) + GRACE_S  # "both": two budgets
             if time.monotonic() - started > limit:
                 process.kill()
                 process.join()
                 running.pop(receiver)
-                _store(results, task, _failed(task, f"stopped after {limit:.0f} s"))
-    checks = [results[("checks", n)] for n, _ in chosen]
-    controls = [c for n, _ in chosen for c in results[("controls", n)]]
-    return checks, controls, settings
+                _store(results, task, _failed(task, f"interrupted by time: stopped after {limit:.0f} s"), progress)
+    return settings
 
 
-def _store(results, task, value):
+def _parts(kind):
+    return ("checks", "controls") if kind == "both" else (kind,)
+
+
+def _store(results, task, value, progress=None):
     kind, number, _ = task
-    for part, result in zip(("checks", "controls"), value) if kind == "both" else [(kind, value)]:
+    for part, result in zip(_parts(kind), value if kind == "both" else [value]):
         results[(part, number)] = result
+        if progress is not None:
+            progress(part, result)
+
+
+def _passed(result) -> bool:
+    """A part worth keeping: every check proved or checked, or every control as expected."""
+    return result.ok if isinstance(result, ObligationResult) else all(c.ok for c in result)
+
+
+def _from_cache(result) -> bool:
+    return bool(result.cached if isinstance(result, ObligationResult) else result and result[0].cached)
+
+
+def _cached(chosen, settings, cache, results, progress) -> dict:
+    """The cache keys of every part; the parts found in ``cache`` go into ``results`` (renumbered)."""
+    keys = {}
+    for number, module in chosen:
+        for part in ("checks", "controls"):
+            start = time.perf_counter()
+            key = cache.key(part, module, settings)
+            found = cache.get(key) if key is not None else None
+            if found is not None:
+                found = _as_cached(found, number, key, time.perf_counter() - start)
+                _store(results, (part, number, module), found, progress)
+            if key is not None:
+                keys[(part, number)] = key
+    return keys
+
+
+def _as_cached(result, number, key, seconds):
+    """A stored part as this run's: its number now, the key it was found under, the time finding it took."""
+    if isinstance(result, ObligationResult):
+        return dataclasses.replace(result, number=number, cached=key, seconds=seconds)
+    return [dataclasses.replace(c, obligation=number, cached=key) for c in result]
+
+
+def _kernels_not_needed(settings: Settings) -> Settings:
+    return dataclasses.replace(settings, notes=(*settings.notes, "the kernels' schedules (every obligation that "
+                                                "proves them was cached)"))
 
 
 def _cost(task) -> float:
@@ -219,9 +291,9 @@ def _proves_schedules(task) -> bool:
     return task[0] != "controls" and getattr(task[2], "PROVES_SCHEDULES", False)
 
 
-def _failed(task, reason):
+def _failed(task, reason, status=INTERRUPTED):
     kind, number, module = task
-    proof = Proof(f"obligation {number}", "python", UNKNOWN, detail=reason)
+    proof = Proof(f"obligation {number}", "python", status, detail=reason)
     checks = ObligationResult(number, module.__name__.rsplit(".", 1)[-1], module.TITLE, module.__doc__ or "", [proof])
     controls = [ControlResult(number, c.name, c.breaks, c.replaces, getattr(c, "expect", REFUTED), proof)
                 for c in module.CONTROLS]
@@ -232,15 +304,16 @@ def _failed(task, reason):
 
 
 def table(checks, controls, wall: float, jobs: int, settings: Settings) -> str:
-    lines = [f"attnformal prover: {len(checks)} obligations, {jobs} worker(s), timeout {settings.timeout:g} s each",
+    lines = [f"attnformal prover: {len(checks)} obligations, {jobs} worker(s), budget {settings.budget:g} M Z3 "
+             f"resource units each (wall-clock safety net {settings.timeout:g} s)",
              "schedules: " + describe_schedules(settings), "",
-             f"{'#':>2}  {'obligation':<52} {'tool':<16} {'checks':>6}  {'status':<8} {'time':>7}"]
-    for o in checks:
-        lines.append(f"{o.number:>2}  {o.title:<52} {o.tools:<16} {len(o.checks):>6}  {o.status:<8} {o.seconds:>6.1f}s")
+             f"{'#':>2}  {'obligation':<52} {'tool':<16} {'checks':>6}  {'time':>7} {'units':>8}  status"]
+    lines += [_obligation_line(o) for o in checks]
     lines += ["", "negative controls (each must be refuted with a counterexample, or shown vacuous)",
               f"{'#':>2}  {'control':<52} {'status':<8}  counterexample"]
     for c in controls:
-        lines.append(f"{c.obligation:>2}  {c.name:<52} {c.proof.status:<8}  {_counterexample(c.proof)}")
+        status = f"{c.proof.status} (cached)" if c.cached else c.proof.status
+        lines.append(f"{c.obligation:>2}  {c.name:<52} {status:<8}  {_counterexample(c.proof)}")
     for o, p in ((o, p) for o in checks for p in o.checks if not p.ok):
         lines += ["", f"obligation {o.number} ({o.title}) FAILED: {p.status}: {p.claim}"]
         lines += [f"    case: {p.case}"] if p.case else []
@@ -257,6 +330,17 @@ def table(checks, controls, wall: float, jobs: int, settings: Settings) -> str:
                   f"{sum(p.queries for o in checks for p in o.checks)} queries or cases); "
                   f"{sum(c.ok for c in controls)}/{len(controls)} controls refuted; wall {wall:.1f} s"]
     return "\n".join(lines)
+
+
+def _obligation_line(o: ObligationResult) -> str:
+    """One row of the table; ``units`` are the Z3 resource units it used, in millions (load-independent)."""
+    status = f"{o.status} (cached, key {o.cached[:12]})" if o.cached else o.status
+    return (f"{o.number:>2}  {o.title:<52} {o.tools:<16} {len(o.checks):>6}  {_duration(o.seconds)} "
+            f"{o.rlimit / RLIMIT_UNIT:>7.2f}M  {status}")
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds * 1000:>5.0f}ms" if seconds < 1 else f"{seconds:>6.1f}s"
 
 
 def describe_schedules(settings: Settings) -> str:
@@ -298,11 +382,12 @@ def _commit() -> str:
 def to_json(checks, controls, wall: float, settings: Settings) -> dict:
     return {
         "environment": environment(),
-        "settings": {"timeout_s": settings.timeout, "schedules": [
+        "settings": {"timeout_s": settings.timeout, "budget_rlimit": settings.budget * RLIMIT_UNIT, "schedules": [
             {"label": label, "block_m": s.block_m, "block_n": s.block_n, "num_splits": s.num_splits,
              "class": type(s).__qualname__} for label, s in settings.schedules], "not_loaded": list(settings.notes)},
         "obligations": [{"number": o.number, "name": o.name, "title": o.title, "status": o.status,
-                         "seconds": o.seconds, "checks": [p.to_json() for p in o.checks]} for o in checks],
+                         "seconds": o.seconds, "rlimit": o.rlimit, "checks": [p.to_json() for p in o.checks]}
+                        for o in checks],
         "controls": [{"obligation": c.obligation, "name": c.name, "breaks": c.breaks, "replaces": c.replaces,
                       "expect": c.expect, "ok": c.ok, "proof": c.proof.to_json()} for c in controls],
         "trusted": list(_trusted(checks)),
@@ -414,7 +499,11 @@ def parse(argv):
                         help="an obligation number, or a glob or substring of its name or title")
     parser.add_argument("--json", metavar="FILE", help="write machine-readable results")
     parser.add_argument("--report", metavar="FILE", help="write a report for design reviews (.md; .html: with pictures)")
-    parser.add_argument("--timeout", metavar="S", type=cli.seconds, default=60.0, help="seconds per obligation (60)")
+    parser.add_argument("--budget", metavar="M", type=cli.number(above=0, what="millions of units > 0"),
+                        default=DEFAULT_BUDGET,
+                        help=f"per obligation: M million Z3 resource units, load-independent ({DEFAULT_BUDGET})")
+    parser.add_argument("--timeout", metavar="S", type=cli.seconds, default=DEFAULT_WALL_S,
+                        help=f"wall-clock safety net per obligation ({DEFAULT_WALL_S:g})")
     parser.add_argument("--block-m", type=int, metavar="M",
                         help="also name TileSchedule(M, N) (with --block-n): an instance of the all-sizes theorems")
     parser.add_argument("--block-n", type=int, metavar="N", help="... and N key columns")
@@ -426,6 +515,8 @@ def parse(argv):
                              "list of them; MODULE:ATTR too, e.g. attnformal.tilings:EXAMPLES); repeatable")
     parser.add_argument("--jobs", type=cli.integer(minimum=1), default=min(2, os.cpu_count() or 1), metavar="N",
                         help="worker processes (<= 2)")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="re-prove everything (default: reuse unchanged verdicts)")
     prove_options.add_options(parser)
     args = parser.parse_args(argv)
     prove_options.check(parser, args)
@@ -457,7 +548,7 @@ def parse(argv):
             chosen = kernel_obligations(args.kernel)
         except ValueError as error:
             parser.error(str(error))
-        return args, chosen, Settings(timeout=args.timeout)
+        return args, chosen, Settings(timeout=args.timeout, budget=args.budget)
     chosen = selected(args.only)
     if not chosen:
         parser.error(f"argument '--only': expected a pattern matching an obligation, got {args.only!r}")
@@ -469,7 +560,28 @@ def parse(argv):
         schedules = [*load_schedules(args.schedule)[0], *schedules]
     except ValueError as error:
         parser.error(f"argument '--schedule': {error}")
-    return args, chosen, Settings(timeout=args.timeout, schedules=tuple(schedules))
+    return args, chosen, Settings(timeout=args.timeout, budget=args.budget, schedules=tuple(schedules))
+
+
+def _cache():
+    from attnformal.proofcache import VerdictCache, folder_from_environment
+
+    folder = folder_from_environment()
+    return None if folder is None else VerdictCache(folder, [spec.partition(":")[0] for spec in KERNEL_SCHEDULES])
+
+
+def _progress():
+    """On a terminal, a line on stderr as each obligation (and each set of controls) finishes."""
+    if not sys.stderr.isatty():
+        return None
+
+    def show(part, result):
+        if part == "checks":
+            print(_obligation_line(result), file=sys.stderr, flush=True)
+        elif result:
+            print(f"{result[0].obligation:>2}  controls: {sum(c.ok for c in result)}/{len(result)} as expected",
+                  file=sys.stderr, flush=True)
+    return show
 
 
 def with_kernel_schedules(settings: Settings) -> Settings:
@@ -483,12 +595,22 @@ def with_kernel_schedules(settings: Settings) -> Settings:
 
 
 def main(argv=None) -> int:
+    """The command line; Ctrl-C ends it with "interrupted" and exit 130, no report written."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("python -m attnformal.prove: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv) -> int:
     start = time.perf_counter()
     args, chosen, settings = parse(argv)
     if args.show_schedule:
         return prove_options.show_schedule(args, chosen, settings.schedules)
     proves_schedules = any(getattr(module, "PROVES_SCHEDULES", False) for _, module in chosen)
-    checks, controls, settings = run(chosen, settings, args.jobs, with_kernel_schedules if proves_schedules else None)
+    checks, controls, settings = run(chosen, settings, args.jobs, with_kernel_schedules if proves_schedules else None,
+                                     cache=None if args.no_cache else _cache(), progress=_progress())
     wall = time.perf_counter() - start
     print(table(checks, controls, wall, args.jobs, settings))
     if args.json:

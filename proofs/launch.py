@@ -24,6 +24,7 @@ are built only for ``Sq >= 1`` (the kernel returns before building them when the
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 
 from attnformal import masks, schedule
@@ -189,21 +190,24 @@ def _class_table_ignoring_kv_lens(self, spec, device=None):
     return table[:1].expand_as(table) if spec.kv_lens is not None and len(table) else table
 
 
-def _tables_one_key_short(spec):
-    """BROKEN: the last key of every row's interval is dropped."""
-    lo, hi = _ROW_TABLES(spec)
-    return lo, hi - 1
+def _one_key_short(row_tables):
+    """BROKEN: ``row_tables`` with the last key of every row's interval dropped."""
+    def tables(spec):
+        lo, hi = row_tables(spec)
+        return lo, hi - 1
+    return tables
 
 
 _CLASS_TABLE = TileSchedule.class_table
-_ROW_TABLES = getattr(_triton_host(), "_row_interval_tables", None)
+# Imported only when the obligation runs (torch and triton take seconds): here, only whether it can be.
+_HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
 CONTROLS = (
     Control("class_table ignores kv_lens", "class_table gives every batch element batch 0's classes",
             TileSchedule, "class_table", _class_table_ignoring_kv_lens, lambda budget: class_tables(SCHEDULES, budget)),
-    *(() if _ROW_TABLES is None else (
+    *(() if not _HAS_TRITON else (
         Control("row intervals one key short", "the Triton row tables drop each row's last key",
-                _triton_host(), "_row_interval_tables", _tables_one_key_short,
-                lambda budget: row_intervals(_triton_host(), budget)),)),
+                "attnformal.kernels.triton_flash", "_row_interval_tables", _one_key_short,
+                lambda budget: row_intervals(_triton_host(), budget), wraps=True),)),
 )

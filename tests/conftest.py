@@ -14,6 +14,10 @@ from attnformal.vector_paths import best_path, refusal
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# The prover's verdict cache keys source files, not definitions patched in memory (several tests patch
+# one and expect the prover to fail): the suite, and CI with it, proves everything afresh.
+os.environ["ATTNFORMAL_PROVE_CACHE"] = "off"
+
 # torch reads ATEN_CPU_CAPABILITY once, at its first kernel dispatch: fix the vector path now, so that a
 # test setting that variable (for a message) cannot switch this whole process to another path when
 # it happens to come first -- its results would then differ from the worker processes' it is compared with.

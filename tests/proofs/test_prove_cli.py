@@ -75,6 +75,8 @@ def test_a_named_schedule_that_cannot_be_proven_is_refused_before_proving(capsys
     (["--timeout", "inf"], "--timeout"),
     (["--timeout", "-3"], "--timeout"),
     (["--timeout", "soon"], "--timeout"),
+    (["--budget", "0"], "--budget"),
+    (["--budget", "lots"], "--budget"),
     (["--schedule", "no_colon"], "--schedule"),
     (["--schedule", "attnformal.prove:KERNEL_SCHEDULES"], "not a TileSchedule"),
     (["--only", "gqa", "--schedule", "attnformal.kernels.torch_tiled:DEFAULT_SCHEDULE"], "prove no schedule"),

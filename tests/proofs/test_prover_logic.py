@@ -6,8 +6,8 @@ import pytest
 import sympy
 import z3
 
-from attnformal.logic import (CHECKED, PROVED, REFUTED, UNKNOWN, VACUOUS, Axiom, Budget, Query, check_exhaustively,
-                              check_identities, check_z3, patched)
+from attnformal.logic import (CHECKED, INTERRUPTED, PROVED, REFUTED, UNKNOWN, VACUOUS, Axiom, Budget, Query,
+                              bitblast_solver, check_exhaustively, check_identities, check_z3, patched)
 
 
 def test_a_valid_claim_is_proved_and_names_the_axioms_it_was_given():
@@ -40,18 +40,40 @@ def test_inconsistent_axioms_are_caught_by_the_same_check():
     assert check_z3("x = x", [Query(x == x)], budget=Budget(10), axioms=(absurd,)).status == VACUOUS
 
 
-def test_a_solver_timeout_is_unknown_never_proved():
-    # x^3 + y^3 = z^3 in positive integers: Z3 cannot decide it in a millisecond.
+def _fermat_3():
+    """x^3 + y^3 != w^3 in positive integers: beyond Z3."""
     x, y, w = z3.Ints("x y w")
-    hard = Query(x * x * x + y * y * y != w * w * w, (("positive", z3.And(x > 0, y > 0, w > 0)),))
-    proof = check_z3("Fermat n = 3", [hard], budget=Budget(0.001))
-    assert proof.status == UNKNOWN
+    return Query(x * x * x + y * y * y != w * w * w, (("positive", z3.And(x > 0, y > 0, w > 0)),))
 
 
-def test_an_exhausted_budget_leaves_the_remaining_queries_unknown():
+def test_a_spent_resource_budget_is_unknown_never_proved_and_the_units_are_charged():
+    budget = Budget(600, rlimit=200_000)
+    proof = check_z3("Fermat n = 3", [_fermat_3()], budget=budget)
+    assert proof.status == UNKNOWN and "deterministic budget" in proof.detail
+    assert 200_000 <= proof.rlimit == budget.used < 400_000  # stopped at the limit, not long after
+
+
+def test_the_wall_clock_safety_net_interrupts_and_is_not_unknown():
+    proof = check_z3("Fermat n = 3", [_fermat_3()], budget=Budget(0.001))
+    assert proof.status == INTERRUPTED and "interrupted by time" in proof.detail
+
+
+def test_an_exhausted_budget_leaves_the_remaining_queries_undecided():
     x = z3.Int("x")
-    proof = check_z3("trivial", [Query(x == x)], budget=Budget(0))
-    assert proof.status == UNKNOWN and "timeout" in proof.detail
+    spent = check_z3("trivial", [Query(x == x)], budget=Budget(600, rlimit=0))
+    assert spent.status == UNKNOWN and "deterministic budget" in spent.detail
+    late = check_z3("trivial", [Query(x == x)], budget=Budget(0))
+    assert late.status == INTERRUPTED and "safety net" in late.detail
+
+
+def test_the_bitblasting_tactic_stops_at_its_resource_limit():
+    # a 64-bit factoring problem: many millions of units; the tactic's solver must stop at 100 000
+    a, b = z3.BitVecs("a b", 64)
+    query = Query(a * b != 1000000007 * 998244353, (("a, b in (1, 2^32)", z3.And(
+        z3.ULT(1, a), z3.ULT(a, 2 ** 32), z3.ULT(1, b), z3.ULT(b, 2 ** 32))),))
+    budget = Budget(600, rlimit=100_000)
+    proof = check_z3("no factors", [query], budget=budget, solver=bitblast_solver)
+    assert proof.status == UNKNOWN and budget.used < 1_000_000, (proof.status, budget.used)
 
 
 def test_all_cases_must_hold_and_the_failing_case_is_named():
@@ -131,8 +153,14 @@ def test_a_conditional_claim_with_an_impossible_premise_is_vacuous():
 
 def test_a_solver_that_cannot_decide_with_tracking_still_decides_and_lists_everything():
     class GivesUpWhenTracking:
-        def __init__(self, timeout_s):
+        def __init__(self):
             self.solver, self.tracked = z3.Solver(), False
+
+        def set(self, *options):
+            self.solver.set(*options)
+
+        def statistics(self):
+            return self.solver.statistics()
 
         def assert_and_track(self, formula, label):
             self.tracked = True
@@ -141,8 +169,8 @@ def test_a_solver_that_cannot_decide_with_tracking_still_decides_and_lists_every
         def add(self, *formulas):
             self.solver.add(*formulas)
 
-        def check(self):
-            return z3.unknown if self.tracked else self.solver.check()
+        def check(self, *assumptions):
+            return z3.unknown if self.tracked else self.solver.check(*assumptions)
 
         def unsat_core(self):
             return []

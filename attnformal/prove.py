@@ -496,16 +496,16 @@ def parse(argv):
                         description="Prove (SymPy, Z3) the tiled online-softmax algorithm the kernels run; exit 0 only "
                                     "if every obligation is proved and every negative control refuted.")
     parser.add_argument("--only", metavar="PATTERN",
-                        help="an obligation number, or a glob or substring of its name or title")
+                        help="an obligation number, or a glob/substring of its name")
     parser.add_argument("--json", metavar="FILE", help="write machine-readable results")
-    parser.add_argument("--report", metavar="FILE", help="write a report for design reviews (.md; .html: with pictures)")
+    parser.add_argument("--report", metavar="FILE", help="a review report (.md, or .html with pictures)")
     parser.add_argument("--budget", metavar="M", type=cli.number(above=0, what="millions of units > 0"),
                         default=DEFAULT_BUDGET,
-                        help=f"per obligation: M million Z3 resource units, load-independent ({DEFAULT_BUDGET})")
+                        help=f"million Z3 resource units per obligation ({DEFAULT_BUDGET})")
     parser.add_argument("--timeout", metavar="S", type=cli.seconds, default=DEFAULT_WALL_S,
                         help=f"wall-clock safety net per obligation ({DEFAULT_WALL_S:g})")
     parser.add_argument("--block-m", type=int, metavar="M",
-                        help="also name TileSchedule(M, N) (with --block-n): an instance of the all-sizes theorems")
+                        help="also prove TileSchedule(M, N) (with --block-n)")
     parser.add_argument("--block-n", type=int, metavar="N", help="... and N key columns")
     parser.add_argument("--schedule", action="append", default=[], metavar="MODULE:ATTR",
                         help="also prove a kernel's TileSchedule (or a list of them), e.g. "
@@ -516,7 +516,7 @@ def parse(argv):
     parser.add_argument("--jobs", type=cli.integer(minimum=1), default=min(2, os.cpu_count() or 1), metavar="N",
                         help="worker processes (<= 2)")
     parser.add_argument("--no-cache", action="store_true",
-                        help="re-prove everything (default: reuse unchanged verdicts)")
+                        help="re-prove unchanged obligations too")
     prove_options.add_options(parser)
     args = parser.parse_args(argv)
     prove_options.check(parser, args)

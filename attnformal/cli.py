@@ -39,6 +39,12 @@ def __getattr__(name):
             "fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
 
 
+# Every command's exit status by verdict: the same words and codes everywhere; an internal error (a defect,
+# a full disk) has its own code, never FAIL's.
+EXIT_CODES = {"PASS": 0, "FAIL": 1, "USAGE": 2, "NOTHING VERIFIED": 3, "INCOMPLETE": 3, "INTERNAL ERROR": 4,
+              "INTERRUPTED": 130}
+
+
 class UsageError(ValueError):
     """A wrong option value; the message starts with ``argument <option>:``."""
 

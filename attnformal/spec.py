@@ -312,3 +312,9 @@ def _check_scale(scale, head_dim) -> float:
     return float(scale)
 
 
+def require_dropout_mask(spec):
+    """A :class:`SpecError` unless a dropout problem carries the keep-mask a reference replays: without
+    it the only reference is the no-dropout one, which would pass a kernel that ignores dropout."""
+    if spec.dropout_p > 0 and spec.dropout_mask is None:
+        raise SpecError("dropout_mask", "the keep-mask to replay when dropout_p > 0 (a reference cannot "
+                        "guess an implementation's random draw)", None)

@@ -265,10 +265,13 @@ def reference_attention(q, k, v, grad_out=None, *, certified: bool = False, **pr
     ``radius`` (the reference's own error) and ``tolerance(name)``, the keyword arguments of
     :func:`assert_attention_close` for that tensor. ``certified=True`` uses the certified
     ball-arithmetic reference (rigorous radius; slower) for problems of up to 2^17 scores.
-    ``protocol`` is the implementation protocol's keyword arguments (``causal=``, ``kv_lens=``...).
+    ``protocol`` is the implementation protocol's keyword arguments (``causal=``, ``kv_lens=``...);
+    ``dropout_p > 0`` needs its ``dropout_mask`` (else :class:`~attnformal.spec.SpecError`).
     """
+    from attnformal.spec import require_dropout_mask
     from attnformal.verify.cases import Case
     from attnformal.verify.reference import expected_for
 
     case = Case("reference", q, k, v, dict(protocol), grad_out)
+    require_dropout_mask(case.spec)
     return expected_for(case, backward=grad_out is not None, use_certified=certified)

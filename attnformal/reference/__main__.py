@@ -3,9 +3,11 @@
     generate --shape B,Hq,Hkv,Sq,Sk,D[,Dv] --dtype bf16 --seed N --out FILE [--workers N | --cluster ADDRESS] [options]
     check FILE --impl IMPL [--rtol R --atol A] [--device DEV]
 
-Exit status: 0 written / passed, 1 check failed (wrong values, or the implementation raised
-or broke the protocol), 2 bad arguments, an unusable file or a case that cannot be computed
-here, 130 cancelled (Ctrl-C; nothing is written).
+Exit status (:data:`attnformal.cli.EXIT_CODES`): 0 written / passed, 1 check failed (wrong
+values, or the implementation raised, exited or broke the protocol), 2 bad arguments, an
+unusable file or a case that cannot be computed here, 3 INCOMPLETE (the lse or a gradient was
+never checked and neither --no-lse nor --forward-only waived it), 130 cancelled (Ctrl-C;
+nothing is written).
 """
 
 from __future__ import annotations
@@ -96,6 +98,9 @@ def _parser() -> argparse.ArgumentParser:
     chk.add_argument("--rtol", type=cli.tolerance, help="replace the dtype's rtol (a finite number >= 0)")
     chk.add_argument("--atol", type=cli.tolerance, help="replace the dtype's atol (times the tensor's max |ref|)")
     chk.add_argument("--device", default="cpu", help="device the inputs are moved to (default cpu)")
+    chk.add_argument("--forward-only", action="store_true",
+                     help="check no gradients (else a kernel without backward is INCOMPLETE, exit 3)")
+    chk.add_argument("--no-lse", action="store_true", help="check no lse (else a kernel without it is INCOMPLETE)")
     chk.set_defaults(run=_check)
     return parser
 
@@ -201,9 +206,10 @@ def _check(args) -> int:
         return 2
     except ImplementationError as err:
         print(f"FAIL: {err}")
-        return 1
-    print(format_report(report))
-    return 0 if report.passed else 1
+        return cli.EXIT_CODES["FAIL"]
+    verdict = report.verdict(forward_only=args.forward_only, no_lse=args.no_lse)
+    print(format_report(report, verdict))
+    return cli.EXIT_CODES[verdict]
 
 
 class ProgressBar:

@@ -49,7 +49,7 @@ from attnformal import ops
 from attnformal.features.alibi import alibi_bias
 from attnformal.features import FEATURES, refuse_unsupported
 from attnformal.reference import arb_balls, fp64_balls
-from attnformal.spec import AttentionSpec, SpecError
+from attnformal.spec import AttentionSpec, SpecError, require_dropout_mask
 
 FIELDS = ("out", "lse", "dq", "dk", "dv")
 PARAMETER_FIELDS = ("dsinks", "dbias")  # gradients of the sinks and the bias, when the problem has them
@@ -238,9 +238,7 @@ def exact_inputs(spec: AttentionSpec, q, k, v, grad_out) -> dict:
             raise SpecError("grad_out", f"a float tensor of shape [B, Hq, Sq, Dv] = {list(expected)}",
                             _describe(grad_out))
         tensors["grad_out"] = grad_out
-    if spec.dropout_p > 0 and spec.dropout_mask is None:
-        raise SpecError("dropout_mask", "the keep-mask to replay when dropout_p > 0 (a reference cannot "
-                        "guess an implementation's random draw)", None)
+    require_dropout_mask(spec)
     exact = {}
     for name, t in tensors.items():
         t64 = t.detach().to("cpu", torch.float64)
@@ -441,3 +439,4 @@ def _lse_float64(lse: np.ndarray):
             mids[idx], rads[idx] = arb_balls.arb_to_float64(ball)
             enclosure = max(enclosure, arb_balls.upper_float(ball.rad()))
     return torch.from_numpy(mids), torch.from_numpy(rads), enclosure
+

@@ -48,6 +48,9 @@ class TensorReport:
         return self.failing == 0
 
 
+GRADIENTS = ("dq", "dk", "dv", "dsinks", "dbias")
+
+
 @dataclass(frozen=True)
 class CheckReport:
     tensors: list
@@ -56,6 +59,14 @@ class CheckReport:
     @property
     def passed(self) -> bool:
         return all(t.passed for t in self.tensors)
+
+    def verdict(self, *, forward_only: bool = False, no_lse: bool = False) -> str:
+        """PASS, FAIL, or INCOMPLETE when a tensor the user did not waive (``forward_only``: the
+        gradients; ``no_lse``: the lse) was never checked: what was not checked did not pass."""
+        if not self.passed:
+            return "FAIL"
+        waived = (GRADIENTS if forward_only else ()) + (("lse",) if no_lse else ())
+        return "INCOMPLETE" if any(name not in waived for name, _ in self.skipped) else "PASS"
 
 
 class ImplementationError(Exception):
@@ -110,6 +121,8 @@ def _call(what: str, fn, *args, **kwargs):
         return fn(*args, **kwargs)
     except NotImplementedError:
         raise
+    except SystemExit as err:  # a kernel that exits has not produced a result: a FAIL, never exit 0
+        raise ImplementationError(f"{what} called sys.exit({err.code!r})") from None
     except Exception as err:
         first = (str(err).strip().splitlines() or [""])[0]
         raise ImplementationError(f"{what} raised {type(err).__name__}: {first}") from err
@@ -188,8 +201,9 @@ def _worst(label: str, values: torch.Tensor) -> dict:
     return {label: float(values.flatten()[flat]), f"{label}_at": at}
 
 
-def format_report(report: CheckReport) -> str:
-    """A table: one line per tensor with its worst error, ulps and error/tolerance."""
+def format_report(report: CheckReport, verdict: str | None = None) -> str:
+    """A table: one line per tensor with its worst error, ulps and error/tolerance, then ``verdict``
+    (by default :meth:`CheckReport.verdict`'s)."""
     head = f"{'tensor':6} {'dtype':9} {'max |err|':>10} {'in ulps':>9} {'at':16} " \
            f"{'err/tol':>8} {'at':16} {'failing':>14}"
     lines = [head]
@@ -203,7 +217,13 @@ def format_report(report: CheckReport) -> str:
     lines.append("tolerance: |err| <= radius + rtol*|ref| + atol*max|ref| with "
                  + "; ".join(f"{d}: rtol={r:.3g} atol={a:.3g}" for d, r, a in tolerances)
                  + "; ulps of the dtype at the tensor's largest |ref|")
-    lines.append("PASS" if report.passed else "FAIL")
+    verdict = verdict or report.verdict()
+    if verdict == "INCOMPLETE":
+        unchecked = ", ".join(name for name, _ in report.skipped)
+        lines.append(f"INCOMPLETE: {unchecked} not checked (pass --forward-only or --no-lse to check less "
+                     "on purpose)")
+    else:
+        lines.append(verdict)
     return "\n".join(lines)
 
 

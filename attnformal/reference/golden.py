@@ -72,9 +72,10 @@ class Golden:
 
 
 def protocol_kwargs(spec: AttentionSpec) -> dict:
-    """The implementation-protocol keywords that reproduce ``spec`` (every feature, with its mask tensors)."""
+    """The implementation-protocol keywords that reproduce ``spec``: its active features only (with their mask
+    tensors), so an implementation written before a feature existed is never handed that feature's keyword."""
     return {"scale": spec.scale, **{f.name: f.from_json(f.to_json(value)) if not f.tensor else value
-                                    for f, value in zip(FEATURES, spec.values().values())}}
+                                    for f, value in zip(FEATURES, spec.values().values()) if f.active(value)}}
 
 
 def _tensor_features(spec: AttentionSpec) -> dict:
@@ -316,7 +317,7 @@ def _verify_sample(path, spec: AttentionSpec, inputs: dict, reference: dict) -> 
         kwargs = protocol_kwargs(spec)
         full = (spec.batch, spec.heads_q, spec.len_q, spec.len_k)
         for f in FEATURES:  # batch element b and query head h on their own
-            if kwargs[f.name] is not None:
+            if f.name in kwargs:  # the active ones
                 kwargs[f.name] = f.one_element(kwargs[f.name], b, h, full)
         x = {name: inputs[name][b:b + 1, hh:hh + 1]
              for name, hh in (("q", h), ("k", g), ("v", g), ("grad_out", h))}

@@ -20,7 +20,8 @@ from attnformal.distributed import EngineMissing
 from attnformal.pictures import html
 from attnformal.verify import report as reporting
 from attnformal.verify.baseline import compare_baseline, load_baseline, save_baseline
-from attnformal.verify.battery import EXIT_CODES, make_executor, run_battery
+from attnformal.cli import EXIT_CODES
+from attnformal.verify.battery import make_executor, run_battery
 from attnformal.verify.calls import FEATURES
 from attnformal.verify.checks import CHECKS
 from attnformal.verify.execute import Task

@@ -37,7 +37,6 @@ from attnformal.verify.runner import CheckResult, Settings, dtype_name
 
 FORWARD_GROUPS = ("hand", "fwd", "mask", "structured", "extreme")
 SUBSTITUTES = ("float16", "bfloat16", "float32")  # tried, in order, for default dtypes the implementation refuses
-EXIT_CODES = {"PASS": 0, "FAIL": 1, "NOTHING VERIFIED": 3, "INCOMPLETE": 3, "INTERRUPTED": 130}
 
 
 @dataclass

@@ -5,10 +5,15 @@ hung worker was running) holds the inputs bit for bit, the keyword arguments (ma
 included), dO, the flags of the call and the spec as JSON. The format is a ``torch.save``
 dict with the keys ``case`` (see :meth:`.cases.Case.to_payload`), ``lse``, ``backward``,
 ``check``, ``dtype``, ``tolerance``, ``impl``, ``run_seed``, ``spec`` and ``rerun``.
+
+Reproducers are shared between teams, so loading one must never run code: it is read with
+``torch.load(weights_only=True)``, whose unpickler admits only tensors and plain containers,
+numbers and strings; a file that names anything else (``os.system``, a class) is refused.
 """
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,11 +27,15 @@ from attnformal.verify.runner import CheckResult, Settings, run_check
 
 def load_reproducer(path) -> tuple[Case, dict]:
     try:
-        data = torch.load(Path(path), weights_only=False, map_location="cpu")
+        data = torch.load(Path(path), weights_only=True, map_location="cpu")
         case = Case.from_payload(data["case"])
         missing = [key for key in ("check", "lse", "backward", "impl", "run_seed", "rerun") if key not in data]
         if missing or data.get("dtype") not in DTYPES:
             raise KeyError(", ".join(missing) or "dtype")
+    except pickle.UnpicklingError as err:  # weights_only refused a global: the file would have run code
+        first = (str(err).strip().splitlines() or [""])[0]
+        raise ValueError(f"argument '--replay': {path} is refused: it holds more than tensors and plain values "
+                         f"(loading it could run code; {first})") from None
     except (OSError, KeyError, RuntimeError, TypeError, EOFError, AttributeError) as err:
         raise ValueError(f"argument '--replay': {path} is not a reproducer written by the battery: {err}") from None
     if any(stride != list(getattr(case, n).stride()) for n, stride in data["case"]["strides"].items()):

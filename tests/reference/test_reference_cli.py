@@ -100,10 +100,11 @@ def test_compare_rejects_tolerances_that_would_pass_anything(rtol, atol):
 def test_check_takes_the_impl_grammar_of_verify_and_scale(tiny_file, capsys, target):
     """Aliases, MODULE:FUNC and FILE.py:FUNC, through attnformal.adapters.resolve."""
     target = str(ROOT / target) if target.startswith("kernels/") else target
-    assert run(["check", str(tiny_file), "--impl", target]) == 0
+    no_lse = ["--no-lse"] if target == "sdpa" else []  # SDPA has no lse: unchecked lse is INCOMPLETE unless waived
+    assert run(["check", str(tiny_file), "--impl", target, *no_lse]) == 0
     out = capsys.readouterr().out
     assert out.rstrip().endswith("PASS") and "dq     bfloat16" in out
-    if target == "sdpa":  # SDPA has no lse: checked without it, and said so
+    if target == "sdpa":  # checked without it, and said so
         assert "lse    skipped: not supported (torch SDPA does not return the log-sum-exp)" in out
 
 
@@ -119,7 +120,9 @@ def test_an_implementation_that_breaks_the_protocol_fails_in_one_line(tiny_file,
 
 
 def test_a_forward_only_implementation_is_checked_without_gradients(tiny_file, impls, capsys):
-    assert run(["check", str(tiny_file), "--impl", f"{impls}:forward_only"]) == 0
+    assert run(["check", str(tiny_file), "--impl", f"{impls}:forward_only"]) == 3  # not asked: INCOMPLETE
+    assert "INCOMPLETE: dq, dk, dv not checked" in capsys.readouterr().out
+    assert run(["check", str(tiny_file), "--impl", f"{impls}:forward_only", "--forward-only"]) == 0
     out = capsys.readouterr().out
     assert "dq     skipped: the output is not differentiable (forward only)" in out
     assert "out    bfloat16" in out and out.rstrip().endswith("PASS")

@@ -56,6 +56,7 @@ runs it all; docs/kernel-tilings.md has a complete example.
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import time
 from dataclasses import dataclass
@@ -123,12 +124,19 @@ def window_size(g: MaskGeometry):
 
 
 class _TilingClass(type):
-    """Calling a tiling class with tensors runs the kernel's tiling: the class is an implementation."""
+    """Calling a tiling class with tensors runs the kernel's tiling: the class is an implementation.
+    An attribute set on a tiling class after its body (``MyKernel.controls = ...``) is checked as
+    one written in it."""
 
     def __call__(cls, *args, **kwargs):
         if not args and not kwargs:
             return super().__call__()
         return run_tiling(super().__call__(), *args, **kwargs)
+
+    def __setattr__(cls, name, value):
+        super().__setattr__(name, value)
+        if KNOWN_NAMES:  # KernelTiling itself is being built
+            _validate(cls)
 
 
 class KernelTiling(metaclass=_TilingClass):
@@ -188,8 +196,30 @@ class KernelTiling(metaclass=_TilingClass):
         return [name for name, value in vars(cls).items() if callable(value) and not name.startswith("_")]
 
 
+OPTIONAL_HOOKS = ("q_blocks", "split")  # None unless the kernel has one
+KNOWN_NAMES: dict[str, bool] = {}  # the public names of KernelTiling: True for a hook (method), False for a setting
+HELPER_CUTOFF = 0.8  # a helper method this close to a known name is taken for a misspelt one
+
+
+def _check_names(cls):
+    """Refuse a public name KernelTiling does not know, with the closest known one. A data
+    attribute must be a known setting; a method may be the transcription's own helper (FA3's
+    ``get_n_block_min_max``) unless its name is a near-miss of a known one (``kv_block``)."""
+    for name, value in vars(cls).items():
+        if name.startswith("_") or name in KNOWN_NAMES:
+            continue
+        method = callable(value) or isinstance(value, (staticmethod, classmethod, property))
+        close = difflib.get_close_matches(name, KNOWN_NAMES, n=1, cutoff=HELPER_CUTOFF if method else 0.5)
+        if method and not close:
+            continue
+        hint = f"did you mean `{close[0]}`?" if close else "known: " + ", ".join(sorted(KNOWN_NAMES))
+        kind = "method" if method else "attribute"
+        raise TypeError(f"{cls.__name__}.{name}: KernelTiling has no {kind} {name!r}; {hint}")
+
+
 def _validate(cls):
     """Clear errors for a malformed description, naming the attribute."""
+    _check_names(cls)
     def positive(name):
         value = getattr(cls, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -208,22 +238,45 @@ def _validate(cls):
                         f"got {cls.masks!r}")
     if cls.num_splits > 1 and cls.split is None:
         raise TypeError(f"{cls.__name__}.num_splits = {cls.num_splits}: define split(m_block, split_idx, g)")
+    for name, hook in KNOWN_NAMES.items():
+        value = getattr(cls, name)
+        if hook and not (callable(value) or value is None):
+            raise TypeError(f"{cls.__name__}.{name}: is a method of KernelTiling, got {value!r}")
 
 
-# ---------------------------------------------------------------------------- range-checked integers
+KNOWN_NAMES.update((name, callable(value) or isinstance(value, classmethod) or name in OPTIONAL_HOOKS)
+                   for klass in KernelTiling.__mro__[:-1] for name, value in vars(klass).items()
+                   if not name.startswith("_"))
+
+
+# ---------------------------------------------------------------------------- kernel integers
 
 
 INT32 = (-(2**31), 2**31 - 1)
 
 
-class _Checked:
-    """An exact integer (a Z3 Int) that remembers whether any value it was computed from left int32.
+class TilingError(ValueError):
+    """A transcription mistake the prover cannot read, as one line naming the class and the method."""
 
-    The tiling's arithmetic runs on these unchanged: ``+ - * %`` and comparisons are overloaded,
-    the rest of :mod:`attnformal.ops` dispatches here through ``__attn_ops__``. Up to the first
-    operation whose exact result leaves int32, int32 arithmetic computes these same values, so
-    ``overflow`` is true exactly when the kernel's int32 arithmetic overflows somewhere on the
-    way to this value (C's signed overflow; CuTe DSL's ``Int32`` wraps).
+
+def _division_refused(symbol):
+    return TilingError(f"'{symbol}' on a kernel integer: write self.div(a, b) (the kernel's declared division, "
+                       "'trunc' or 'floor') or self.ceil_div(a, b)")
+
+
+_BOOL_REFUSED = ("a symbolic length or index met a Python if/and/or/not, min() or max(): compute on values with "
+                 "ops.where, ops.minimum, ops.maximum, ops.and_ (a Python if may test g.causal, g.window is None "
+                 "and window_size(g)'s None sides)")
+
+
+class _Checked:
+    """The value a kernel computes (an exact Z3 Int) and whether any value on the way left int32.
+
+    Every hook of a tiling runs on these: ``+ - * %`` and comparisons are overloaded, the rest of
+    :mod:`attnformal.ops` dispatches here through ``__attn_ops__``; ``/``, ``//`` and ``bool()`` are
+    refused (they have no meaning the prover could pick for the kernel). Up to the first operation
+    whose exact result leaves int32, int32 arithmetic computes these same values, so ``overflow``
+    is true exactly when the kernel's int32 arithmetic overflows on the way to this value.
     """
 
     __slots__ = ("value", "overflow")
@@ -231,24 +284,26 @@ class _Checked:
     def __init__(self, value, overflow=None):
         self.value, self.overflow = value, z3.BoolVal(False) if overflow is None else overflow
 
-    @staticmethod
-    def lift(x):
+    @classmethod
+    def lift(cls, x):
         if isinstance(x, _Checked):
             return x
         if isinstance(x, bool) or not isinstance(x, int):
-            raise TypeError(f"kernel integer arithmetic mixes an int32 with {type(x).__name__}")
-        return _Checked(z3.IntVal(x))
+            raise TilingError(f"kernel integer arithmetic mixes a kernel integer with {type(x).__name__} {x!r}"
+                              + (": write self.div(a, b) or self.ceil_div(a, b), not '/'" if isinstance(x, float)
+                                 else ""))
+        return cls(z3.IntVal(x))
 
-    @staticmethod
-    def result(value, *operands):
+    @classmethod
+    def result(cls, value, *operands):
         out_of_range = z3.Or(value < INT32[0], value > INT32[1])
-        return _Checked(value, z3.Or(out_of_range, *(x.overflow for x in operands)))
+        return cls(value, z3.Or(out_of_range, *(x.overflow for x in operands)))
 
     def _arith(self, other, op, reflected=False):
-        a, b = self, _Checked.lift(other)
+        a, b = self, self.lift(other)
         if reflected:
             a, b = b, a
-        return _Checked.result(op(a.value, b.value), a, b)
+        return self.result(op(a.value, b.value), a, b)
 
     def __add__(self, other):
         return self._arith(other, lambda a, b: a + b)
@@ -272,10 +327,20 @@ class _Checked:
         return self - _CheckedOps.truncdiv(self, other) * other  # C's %: the sign of the dividend
 
     def __neg__(self):
-        return _Checked.result(-self.value, self)
+        return self.result(-self.value, self)
+
+    def __truediv__(self, other):
+        raise _division_refused("/")
+
+    __rtruediv__ = __truediv__
+
+    def __floordiv__(self, other):
+        raise _division_refused("//")
+
+    __rfloordiv__ = __floordiv__
 
     def _compare(self, other, op):
-        a, b = self, _Checked.lift(other)
+        a, b = self, self.lift(other)
         return _Flag(op(a.value, b.value), z3.Or(a.overflow, b.overflow))
 
     def __lt__(self, other):
@@ -299,12 +364,30 @@ class _Checked:
     __hash__ = None
 
     def __bool__(self):
-        raise TypeError("a symbolic kernel integer was used as a Python bool: use ops.where, ops.minimum, "
-                        "ops.maximum instead of if/min/max on lengths")
+        raise TilingError(_BOOL_REFUSED)
+
+    def __index__(self):
+        raise TilingError(_BOOL_REFUSED.replace("a Python if/and/or/not, min() or max()", "range() or an index"))
+
+
+def _wrap32(value):
+    """``value`` as two's-complement int32 arithmetic leaves it: reduced into ``[-2**31, 2**31)``."""
+    return value - 2**32 * ((value + 2**31) / 2**32)  # Z3's integer division floors for a positive divisor
+
+
+class _Wrapped(_Checked):
+    """A kernel integer in int32 semantics: every result wraps around, as PTX's ``add.s32``/``mul.lo.s32``
+    and CuTe DSL's ``Int32`` compute (C and C++ leave signed overflow undefined; nvcc emits these)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def result(cls, value, *operands):
+        return cls(_wrap32(value))
 
 
 class _Flag:
-    """A condition on range-checked integers, with the overflow of its operands."""
+    """A condition on kernel integers, with the overflow of its operands."""
 
     __slots__ = ("value", "overflow")
 
@@ -312,15 +395,20 @@ class _Flag:
         self.value, self.overflow = value, overflow
 
     def __bool__(self):
-        raise TypeError("a symbolic kernel condition was used as a Python bool: use ops.where/ops.and_")
+        raise TilingError(_BOOL_REFUSED)
 
 
 def _flag(x):
     return x if isinstance(x, _Flag) else _Flag(z3.BoolVal(x) if isinstance(x, bool) else x, z3.BoolVal(False))
 
 
+def _kind(*xs) -> type:
+    """The kernel-integer class of the operands (exact-and-checked, or wrapping)."""
+    return next((type(x) for x in xs if isinstance(x, _Checked)), _Checked)
+
+
 class _CheckedOps:
-    """:mod:`attnformal.ops` on range-checked integers."""
+    """:mod:`attnformal.ops` on kernel integers."""
 
     @staticmethod
     def and_(xs):
@@ -339,29 +427,37 @@ class _CheckedOps:
 
     @staticmethod
     def where(cond, a, b):
-        cond, a, b = _flag(cond), _Checked.lift(a), _Checked.lift(b)
-        return _Checked(z3.If(cond.value, a.value, b.value),
-                        z3.Or(cond.overflow, z3.If(cond.value, a.overflow, b.overflow)))
+        if isinstance(a, _Flag) or isinstance(b, _Flag):  # a choice between conditions
+            cond, a, b = _flag(cond), _flag(a), _flag(b)
+            return _Flag(z3.If(cond.value, a.value, b.value), z3.Or(cond.overflow, a.overflow, b.overflow))
+        kind = _kind(a, b)
+        cond, a, b = _flag(cond), kind.lift(a), kind.lift(b)
+        return kind(z3.If(cond.value, a.value, b.value),
+                    z3.Or(cond.overflow, z3.If(cond.value, a.overflow, b.overflow)))
 
     @staticmethod
     def maximum(a, b):
-        a, b = _Checked.lift(a), _Checked.lift(b)
+        kind = _kind(a, b)
+        a, b = kind.lift(a), kind.lift(b)
         return _CheckedOps.where(a >= b, a, b)
 
     @staticmethod
     def minimum(a, b):
-        a, b = _Checked.lift(a), _Checked.lift(b)
+        kind = _kind(a, b)
+        a, b = kind.lift(a), kind.lift(b)
         return _CheckedOps.where(a <= b, a, b)
 
     @staticmethod
     def floordiv(a, b):
-        a, b = _Checked.lift(a), _Checked.lift(b)
-        return _Checked.result(ops.floordiv(a.value, b.value), a, b)
+        kind = _kind(a, b)
+        a, b = kind.lift(a), kind.lift(b)
+        return kind.result(ops.floordiv(a.value, b.value), a, b)
 
     @staticmethod
     def truncdiv(a, b):
-        a, b = _Checked.lift(a), _Checked.lift(b)
-        return _Checked.result(ops.truncdiv(a.value, b.value), a, b)
+        kind = _kind(a, b)
+        a, b = kind.lift(a), kind.lift(b)
+        return kind.result(ops.truncdiv(a.value, b.value), a, b)
 
     @staticmethod
     def shr(a, k):
@@ -369,11 +465,86 @@ class _CheckedOps:
 
     @staticmethod
     def shl(a, k):
-        return _Checked.lift(a) * 2**k
+        return _kind(a).lift(a) * 2**k
 
 
 _Checked.__attn_ops__ = _Flag.__attn_ops__ = _CheckedOps
 
+
+# -- calling a tiling's hooks on kernel integers
+
+
+def _author(tiling, hook: str) -> str:
+    """The user's class to name in an error about ``hook``: the one defining it, never a generated control."""
+    classes = [c for c in type(tiling).__mro__[:-2] if not vars(c).get("_generated")]
+    return next((c.__name__ for c in classes if hook in vars(c)), classes[0].__name__ if classes else "KernelTiling")
+
+
+def _explain(error: Exception) -> str:
+    text = str(error)
+    if isinstance(error, TilingError):
+        return text
+    if "cannot unpack non-iterable NoneType" in text:
+        return "g.window is None in a mask family without a window: test `g.window is None` first, or read " \
+               "window_size(g), whose sides are None when unbounded"
+    if "Symbolic expressions cannot be cast to concrete Boolean" in text:
+        return _BOOL_REFUSED
+    return f"{type(error).__name__}: {text}"
+
+
+def call_hook(tiling, hook: str, family: str, *args):
+    """``tiling.<hook>(*args)``; a mistake in it becomes one :class:`TilingError` line naming the class."""
+    try:
+        return getattr(tiling, hook)(*args)
+    except NotImplementedError:
+        raise TilingError(f"{_author(tiling, hook)} must define {hook}(...): see docs/kernel-tilings.md") from None
+    except (TypeError, ValueError, AttributeError, ZeroDivisionError, z3.Z3Exception) as error:
+        raise TilingError(f"{_author(tiling, hook)}.{hook} (mask family {family}): {_explain(error)}") from None
+
+
+class _KernelView:
+    """A tiling's hooks for one family, evaluated on kernel integers of one semantics (``kind``):
+    exact and overflow-checked (:class:`_Checked`) or int32 wrap-around (:class:`_Wrapped`)."""
+
+    def __init__(self, tiling, family, sides, kind=_Checked):
+        self.tiling, self.family, self.kind = tiling, family, kind
+        self.g = family.geometry(*(x if isinstance(x, int) else kind(x) for x in sides))
+
+    def _call(self, hook, *args):
+        args = (self.kind(a) if isinstance(a, z3.ExprRef) else a for a in args)  # a split's index stays an int
+        return call_hook(self.tiling, hook, self.family.name, *args, self.g)
+
+    def range(self, hook, *args) -> tuple:
+        """A hook's half-open range, as two kernel integers."""
+        out = self._call(hook, *args)
+        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+            raise TilingError(f"{_author(self.tiling, hook)}.{hook} (mask family {self.family.name}): expected a "
+                              f"pair (lo, hi), a half-open range; got {type(out).__name__} "
+                              f"{'of length ' + str(len(out)) if isinstance(out, (tuple, list)) else ''}".rstrip())
+        return tuple(self._integer(hook, x) for x in out)
+
+    def condition(self, hook, *args) -> _Flag:
+        out = self._call(hook, *args) if args else call_hook(self.tiling, hook, self.family.name, self.g)
+        if not isinstance(out, (bool, _Flag)):
+            raise TilingError(f"{_author(self.tiling, hook)}.{hook} (mask family {self.family.name}): expected a "
+                              f"condition (a comparison, ops.and_/or_/not_, True or False), got {type(out).__name__}")
+        return _flag(out)
+
+    def _integer(self, hook, x):
+        try:
+            return self.kind.lift(x)
+        except TilingError as error:
+            raise TilingError(f"{_author(self.tiling, hook)}.{hook} (mask family {self.family.name}): {error}") from None
+
+    def parts(self, m) -> list[tuple]:
+        """The ranges the key loop of query block ``m`` walks (its split-KV parts, or ``kv_blocks``)."""
+        if self.tiling.num_splits == 1:
+            return [self.range("kv_blocks", m)]
+        return [self.range("split", m, index) for index in range(self.tiling.num_splits)]
+
+
+def _terms(pairs) -> list[tuple]:
+    return [tuple(x.value for x in pair) for pair in pairs]
 
 # ---------------------------------------------------------------------------- one tiling, one family, symbolically
 
@@ -387,8 +558,21 @@ class _Symbolic:
         bounded_left, bounded_right = _WINDOWS[family.window]
         self.left = z3.Int("L") if bounded_left else -1
         self.right = z3.Int("R") if bounded_right else -1
-        self.g = family.geometry(self.len_q, self.len_k, self.left, self.right)
+        self.g = family.geometry(self.len_q, self.len_k, self.left, self.right)  # the spec's, on Z3 Ints
         self.rows = self.len_q * tiling.qhead_per_kvhead  # packed rows of one KV head
+        self.kernel = self.view(_Checked)  # the kernel's hooks, on kernel integers
+
+    def view(self, kind) -> _KernelView:
+        return _KernelView(self.tiling, self.family, (self.len_q, self.len_k, self.left, self.right), kind)
+
+    def parts(self, m) -> list[tuple]:
+        return _terms(self.kernel.parts(m))
+
+    def range(self, hook, *args) -> tuple:
+        return _terms([self.kernel.range(hook, *args)])[0]
+
+    def masked(self, m, n):
+        return self.kernel.condition("masked", m, n).value
 
     @property
     def inputs(self):
@@ -396,9 +580,9 @@ class _Symbolic:
         return [x for x in (self.len_q, self.len_k, self.left, self.right) if not isinstance(x, int)]
 
     def hypotheses(self, *extra):
-        requires = self.tiling.requires(self.g)
+        requires = self.kernel.condition("requires").value
         return (("lengths and bounded window sides >= 0", z3.And(*(x >= 0 for x in self.inputs))),
-                *((("requires(g)", requires),) if requires is not True else ()), *extra)
+                *((("requires(g)", requires),) if not z3.is_true(requires) else ()), *extra)
 
     def shape(self) -> dict:
         shown = {"Sq": self.len_q, "Sk": self.len_k}
@@ -459,10 +643,10 @@ def complete(s: _Symbolic):
     t = s.tiling
     m, row, j = z3.Ints("m_block row j")
     premise = z3.And(s.in_row_block(row, m), s.allowed(row, j))
-    read = [keys_of(t, lo, hi) + (lo < hi,) for lo, hi in parts(t, m, s.g)]
+    read = [keys_of(t, lo, hi) + (lo < hi,) for lo, hi in s.parts(m)]
     shown = {"m_block": m, **({"n_block": j / t.block_n} if t.kv_unit == "blocks" else {}),
              "i": t.row_position(row), "j": j, **({"row": row} if t.qhead_per_kvhead > 1 else {}),
-             **_ranges_shown(t, m, s.g)}
+             **_ranges_shown(s, m)}
     visited = z3.Or(*(z3.And(nonempty, first <= j, j < end) for first, end, nonempty in read))
     return z3.Implies(premise, visited), (), shown
 
@@ -472,14 +656,14 @@ def in_bounds(s: _Symbolic):
     m = z3.Int("m_block")
     launched = z3.And(0 <= m, m * t.block_m < s.rows)
     inside = [z3.Implies(lo < hi, z3.And(0 <= first, end <= _key_limit(t, s)))
-              for (lo, hi), (first, end) in ((part, keys_of(t, *part)) for part in parts(t, m, s.g))]
-    return z3.Implies(launched, z3.And(*inside)), (), {"m_block": m, **_ranges_shown(t, m, s.g)}
+              for (lo, hi), (first, end) in ((part, keys_of(t, *part)) for part in s.parts(m))]
+    return z3.Implies(launched, z3.And(*inside)), (), {"m_block": m, **_ranges_shown(s, m)}
 
 
-def _ranges_shown(t, m, g) -> dict:
+def _ranges_shown(s: _Symbolic, m) -> dict:
     """The ranges of query block ``m`` as a counterexample shows them (in the kernel's own unit)."""
-    unit = "key blocks" if t.kv_unit == "blocks" else "keys"
-    ranges = parts(t, m, g)
+    unit = "key blocks" if s.tiling.kv_unit == "blocks" else "keys"
+    ranges = s.parts(m)
     if len(ranges) == 1:
         return {unit: _RangeShown(*ranges[0])}
     return {f"part {index} ({unit})": _RangeShown(lo, hi) for index, (lo, hi) in enumerate(ranges)}
@@ -497,12 +681,12 @@ def mask_safe(s: _Symbolic):
         return None
     m, n, row, j = z3.Ints("m_block n_block row j")
     claims = []
-    for lo, hi in parts(t, m, s.g):
+    for lo, hi in s.parts(m):
         first, end = keys_of(t, lo, hi)
         tile_first, tile_name = tile_at(t, lo, n)
         in_tile = z3.And(lo < hi, 0 <= n, tile_first >= first, tile_first < end,
                          tile_first <= j, j < tile_first + t.block_n, j < end)
-        unmasked = z3.And(s.in_row_block(row, m), in_tile, ops.not_(t.masked(m, tile_name, s.g)))
+        unmasked = z3.And(s.in_row_block(row, m), in_tile, z3.Not(s.masked(m, tile_name)))
         claims.append(z3.Implies(unmasked, s.allowed(row, j)))
     shown = {"m_block": m, "tile": n, "i": t.row_position(row), "j": j}
     return z3.And(*claims), (), shown
@@ -513,8 +697,8 @@ def splits(s: _Symbolic):
     if t.num_splits == 1:
         return None
     m, j = z3.Ints("m_block j")
-    first, end = keys_of(t, *t.kv_blocks(m, s.g))
-    read = [keys_of(t, lo, hi) + (lo < hi,) for lo, hi in parts(t, m, s.g)]
+    first, end = keys_of(t, *s.range("kv_blocks", m))
+    read = [keys_of(t, lo, hi) + (lo < hi,) for lo, hi in s.parts(m)]
     whole = z3.And(first <= j, j < end)
     in_part = [z3.And(nonempty, a <= j, j < b) for a, b, nonempty in read]
     inside = [z3.Implies(p, whole) for p in in_part]
@@ -531,7 +715,7 @@ def backward_complete(s: _Symbolic):
     if t.q_blocks is None:
         return None
     n, row, j = z3.Ints("n_block row j")
-    lo, hi = t.q_blocks(n, s.g)
+    lo, hi = s.range("q_blocks", n)
     premise = z3.And(0 <= row, row < s.rows, n * t.block_n <= j, j < (n + 1) * t.block_n, s.allowed(row, j))
     claim = z3.And(lo * t.block_m <= row, row < hi * t.block_m)  # lo <= row // block_m < hi
     shown = {"n_block": n, "m_block": row / t.block_m, "i": t.row_position(row), "j": j, "m_min": lo, "m_max": hi}
@@ -543,7 +727,7 @@ def backward_in_bounds(s: _Symbolic):
     if t.q_blocks is None:
         return None
     n = z3.Int("n_block")
-    lo, hi = t.q_blocks(n, s.g)
+    lo, hi = s.range("q_blocks", n)
     visits = z3.And(0 <= n, n * t.block_n < s.len_k, lo < hi)
     return z3.Implies(visits, z3.And(0 <= lo, (hi - 1) * t.block_m < s.rows)), (), {"n_block": n, "m_min": lo,
                                                                                    "m_max": hi}
@@ -566,6 +750,7 @@ OBLIGATIONS = (
     ("splits", "the parts read disjoint keys, inside the range, and cover it", splits),
     ("backward complete", "q_blocks visits every query block whose tile holds an allowed pair", backward_complete),
     ("backward in bounds", "q_blocks stays inside the query blocks", backward_in_bounds),
+    ("int32", "the kernel's int32 arithmetic (wrapping) computes the proven values", lambda s: int32_semantics(s)),
 )
 
 
@@ -644,7 +829,7 @@ def waste(tiling: KernelTiling, family: MaskFamily, budget: Budget) -> Proof | N
     start_time = time.perf_counter()
     s = _Symbolic(tiling, family)
     m = z3.Int("m_block")
-    lo, hi = tiling.kv_blocks(m, s.g)
+    lo, hi = s.range("kv_blocks", m)
     need_lo, need_hi = schedule.kv_block_range(m, s.g, tiling.block_m, tiling.block_n)
     below = ops.maximum(0, ops.minimum(hi, need_lo) - lo)
     above = ops.maximum(0, hi - ops.maximum(lo, need_hi))
@@ -674,21 +859,19 @@ def waste(tiling: KernelTiling, family: MaskFamily, budget: Budget) -> Proof | N
 
 def int32_limit(tiling: KernelTiling, family: MaskFamily, budget: Budget) -> Proof | None:
     """The smallest shape (least ``len_q + len_k + window bounds``, then least block indices) at
-    which an index expression of the tiling leaves int32 (Z3 Optimize over exact integers).
+    which an index expression of the tiling first leaves int32, on exact integers: information,
+    the obligation is :func:`int32_semantics` (whether that overflow changes what the kernel computes).
 
     Every input is an int32 (``[0, 2**31)``). An output counts only where the kernel computes it:
     ``kv_blocks``/``split`` of a launched query block, ``masked`` on a visited tile, ``q_blocks`` of
-    an existing key block. Below the shape found, int32 arithmetic computes the unbounded values,
-    so the obligations proved over unbounded integers hold for the kernel's int32 code.
+    an existing key block.
     """
     if tiling.int_bits is None:
         return None
     start = time.perf_counter()
     s = _Symbolic(tiling, family)
     m, n = z3.Ints("m_block n_block")
-    checked = family.geometry(*(_Checked(x) if not isinstance(x, int) else x
-                                for x in (s.len_q, s.len_k, s.left, s.right)))
-    outputs = _checked_outputs(tiling, s, checked, _Checked(m), _Checked(n))
+    outputs = _outputs(s.kernel, s, m, n)
     claim = f"[{family.name}] int32: the smallest shape at which an index expression overflows"
     premises = [*(z3.And(x >= 0, x <= INT32[1]) for x in (*s.inputs, m, n)), *(f for _, f in s.hypotheses())]
     overflow = z3.Or(*(z3.And(used, value.overflow) for _, used, value in outputs))
@@ -710,27 +893,55 @@ def int32_limit(tiling: KernelTiling, family: MaskFamily, budget: Budget) -> Pro
                  detail=f"int32: first overflow at {shown}, in {where}")
 
 
-def _checked_outputs(tiling, s: _Symbolic, g, m, n):
-    """``[(name, used, value)]``: what the kernel computes at query block ``m`` / key block ``n``."""
-    launched = z3.And(0 <= m.value, m.value * tiling.block_m < s.rows)
-    lo, hi = (_Checked.lift(x) for x in tiling.kv_blocks(m, g))
+def int32_semantics(s: _Symbolic):
+    """The obligation of ``int_bits = 32``: for every int32 input the launch allows, the kernel's
+    int32 arithmetic (wrapping) computes the values every other obligation is proved for.
+
+    Those obligations hold over unbounded integers; where the wrapped values equal the exact ones,
+    they hold for the int32 kernel. An overflow that changes a range or a masking decision is a
+    refutation, shown with both values at the smallest shape."""
+    t = s.tiling
+    if t.int_bits is None:
+        return None
+    m, n = z3.Ints("m_block n_block")
+    exact, wrapped = _outputs(s.kernel, s, m, n), _outputs(s.view(_Wrapped), s, m, n)
+    same = [z3.Implies(used, a.value == b.value) for (_, used, a), (_, _, b) in zip(exact, wrapped)]
+    int32_inputs = ("every input is an int32", z3.And(*(x <= INT32[1] for x in (*s.inputs, m, n)), m >= 0, n >= 0))
+    shown = {"m_block": m, "n_block": n}
+    for index, ((name, _, a), (_, _, b)) in enumerate(zip(exact, wrapped)):
+        shown[f"{name}[{index}]"] = _Int32Shown(a.value, b.value)
+    return z3.And(*same), (int32_inputs,), shown
+
+
+@dataclass(frozen=True)
+class _Int32Shown:
+    """An output in an int32 counterexample: ``5`` when wrapping keeps it, ``5 (int32: -3)`` when not."""
+
+    exact: object
+    wrapped: object
+
+    def render(self, model) -> str:
+        exact, wrapped = render_value(model, self.exact), render_value(model, self.wrapped)
+        return exact if exact == wrapped else f"{exact} (int32: {wrapped})"
+
+
+def _outputs(view: _KernelView, s: _Symbolic, m, n):
+    """``[(name, used, value)]``: what the kernel computes at query block ``m`` / key block ``n``, in
+    ``view``'s semantics (conditions as 0/1)."""
+    t = s.tiling
+    launched = z3.And(0 <= m, m * t.block_m < s.rows)
+    lo, hi = view.range("kv_blocks", m)
     outputs = [("kv_blocks", launched, lo), ("kv_blocks", launched, hi)]
-    if "masked" in _defined(tiling):
-        visited = z3.And(launched, lo.value <= n.value, n.value < hi.value)
-        outputs.append(("masked", visited, _as_checked(tiling.masked(m, n, g))))
-    for split_idx in range(tiling.num_splits if tiling.num_splits > 1 else 0):
-        outputs += [(f"split {split_idx}", launched, _Checked.lift(x)) for x in tiling.split(m, split_idx, g)]
-    if tiling.q_blocks is not None:
-        exists = z3.And(0 <= n.value, n.value * tiling.block_n < s.len_k)
-        outputs += [("q_blocks", exists, _Checked.lift(x)) for x in tiling.q_blocks(n, g)]
+    if "masked" in _defined(t):
+        visited = z3.And(launched, lo.value <= n, n < hi.value)
+        flag = view.condition("masked", m, n)
+        outputs.append(("masked", visited, _Checked(z3.If(flag.value, 1, 0), flag.overflow)))
+    for split_idx in range(t.num_splits if t.num_splits > 1 else 0):
+        outputs += [(f"split {split_idx}", launched, x) for x in view.range("split", m, split_idx)]
+    if t.q_blocks is not None:
+        exists = z3.And(0 <= n, n * t.block_n < s.len_k)
+        outputs += [("q_blocks", exists, x) for x in view.range("q_blocks", n)]
     return outputs
-
-
-def _as_checked(x):
-    if isinstance(x, (_Flag, bool)):
-        x = _flag(x)
-        return _Checked(z3.If(x.value, 1, 0), x.overflow)
-    return _Checked.lift(x)
 
 
 # ---------------------------------------------------------------------------- counterexamples become cases

@@ -71,10 +71,10 @@ class FA2Forward(KernelTiling):
         is_even_mn = ops.and_(g.len_q % self.block_m == 0, g.len_k % self.block_n == 0)
         _, n_block_max = self.kv_blocks(m_block, g)
         masking_step = n_block >= n_block_max - self.n_masking_steps(g)
-        # apply_mask<Causal_mask>: Need_masking = Causal_mask || Is_local || !Is_even_MN; without causal or
-        # local, the column bound is the whole mask
-        return ops.or_(ops.and_(masking_step, is_causal), is_local,
-                       ops.and_(ops.not_(is_even_mn), ops.not_(is_causal)))
+        # Mask::apply_mask: Need_masking = Causal_mask || Is_local || !Is_even_MN (mask.h:137). The masking
+        # steps call apply_mask<Is_causal, Is_even_MN> (flash_fwd_kernel.h:335), the other iterations
+        # apply_mask</*Causal_mask=*/false> with Is_even_MN left true (:410): only the local mask there
+        return ops.where(masking_step, ops.or_(is_causal, is_local, ops.not_(is_even_mn)), is_local)
 
 
 class FA2SplitKV(FA2Forward):

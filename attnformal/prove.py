@@ -236,6 +236,7 @@ def table(checks, controls, wall: float, jobs: int, settings: Settings) -> str:
              f"{'#':>2}  {'obligation':<52} {'tool':<16} {'checks':>6}  {'status':<8} {'time':>7}"]
     for o in checks:
         lines.append(f"{o.number:>2}  {o.title:<52} {o.tools:<16} {len(o.checks):>6}  {o.status:<8} {o.seconds:>6.1f}s")
+        lines += [f"    {p.detail}" for p in o.checks if p.tool == "summary"]  # e.g. a kernel tiling's families
     lines += ["", "negative controls (each must be refuted with a counterexample, or shown vacuous)",
               f"{'#':>2}  {'control':<52} {'status':<8}  counterexample"]
     for c in controls:

@@ -519,8 +519,7 @@ class _KernelView:
         out = self._call(hook, *args)
         if not (isinstance(out, (tuple, list)) and len(out) == 2):
             raise TilingError(f"{_author(self.tiling, hook)}.{hook} (mask family {self.family.name}): expected a "
-                              f"pair (lo, hi), a half-open range; got {type(out).__name__} "
-                              f"{'of length ' + str(len(out)) if isinstance(out, (tuple, list)) else ''}".rstrip())
+                              f"pair (lo, hi), a half-open range; got {_described(out)}")
         return tuple(self._integer(hook, x) for x in out)
 
     def condition(self, hook, *args) -> _Flag:
@@ -541,6 +540,12 @@ class _KernelView:
         if self.tiling.num_splits == 1:
             return [self.range("kv_blocks", m)]
         return [self.range("split", m, index) for index in range(self.tiling.num_splits)]
+
+
+def _described(out) -> str:
+    if isinstance(out, (tuple, list)):
+        return f"{len(out)} values"
+    return "one value" if isinstance(out, (_Checked, int)) else type(out).__name__
 
 
 def _terms(pairs) -> list[tuple]:
@@ -886,7 +891,7 @@ def int32_limit(tiling: KernelTiling, family: MaskFamily, budget: Budget) -> Pro
     seconds = time.perf_counter() - start
     if model is None:
         return Proof(claim, "z3", UNKNOWN, queries=1, seconds=seconds, detail=f"z3: {probe.reason_unknown()}")
-    where = next(name for name, used, value in outputs
+    where = next(name.rsplit(" ", 1)[0] for name, used, value in outputs
                  if z3.is_true(model.eval(z3.And(used, value.overflow), model_completion=True)))
     shown = ", ".join(f"{k} = {v}" for k, v in render(model, {**s.shape(), "m_block": m, "n_block": n}).items())
     return Proof(f"{claim}: {shown} (in {where})", "z3", PROVED, queries=1, seconds=seconds,
@@ -908,8 +913,8 @@ def int32_semantics(s: _Symbolic):
     same = [z3.Implies(used, a.value == b.value) for (_, used, a), (_, _, b) in zip(exact, wrapped)]
     int32_inputs = ("every input is an int32", z3.And(*(x <= INT32[1] for x in (*s.inputs, m, n)), m >= 0, n >= 0))
     shown = {"m_block": m, "n_block": n}
-    for index, ((name, _, a), (_, _, b)) in enumerate(zip(exact, wrapped)):
-        shown[f"{name}[{index}]"] = _Int32Shown(a.value, b.value)
+    for (name, _, a), (_, _, b) in zip(exact, wrapped):
+        shown[name] = _Int32Shown(a.value, b.value)
     return z3.And(*same), (int32_inputs,), shown
 
 
@@ -931,16 +936,18 @@ def _outputs(view: _KernelView, s: _Symbolic, m, n):
     t = s.tiling
     launched = z3.And(0 <= m, m * t.block_m < s.rows)
     lo, hi = view.range("kv_blocks", m)
-    outputs = [("kv_blocks", launched, lo), ("kv_blocks", launched, hi)]
+    outputs = [("kv_blocks lo", launched, lo), ("kv_blocks hi", launched, hi)]
     if "masked" in _defined(t):
         visited = z3.And(launched, lo.value <= n, n < hi.value)
         flag = view.condition("masked", m, n)
         outputs.append(("masked", visited, _Checked(z3.If(flag.value, 1, 0), flag.overflow)))
     for split_idx in range(t.num_splits if t.num_splits > 1 else 0):
-        outputs += [(f"split {split_idx}", launched, x) for x in view.range("split", m, split_idx)]
+        lo, hi = view.range("split", m, split_idx)
+        outputs += [(f"split {split_idx} lo", launched, lo), (f"split {split_idx} hi", launched, hi)]
     if t.q_blocks is not None:
         exists = z3.And(0 <= n, n * t.block_n < s.len_k)
-        outputs += [("q_blocks", exists, x) for x in view.range("q_blocks", n)]
+        lo, hi = view.range("q_blocks", n)
+        outputs += [("q_blocks lo", exists, lo), ("q_blocks hi", exists, hi)]
     return outputs
 
 
@@ -1125,8 +1132,25 @@ def kernel_obligations(specs, repro_dir=REPRO_DIR) -> list[tuple[int, TilingObli
     """``[(number, obligation)]`` for ``--kernel`` specs, numbered in order; ValueError names a bad one.
     ``repro_dir``: where refutations leave their cases, started afresh by this run (None: nowhere)."""
     tilings = [(cls, spec) for spec in specs for cls in load_tilings(spec)]
+    for cls, _ in tilings:
+        for tiling in (cls, *cls.controls, _one_tile_short(cls)):
+            try:
+                read_hooks(tiling)
+            except TilingError as error:
+                raise ValueError(f"argument '--kernel': {error}") from None
     folders = None if repro_dir is None else ReproFolders(repro_dir)
     return [(number, TilingObligation(cls, spec, folders)) for number, (cls, spec) in enumerate(tilings, start=1)]
+
+
+def read_hooks(cls: type) -> None:
+    """Evaluate every hook of a tiling once per family, symbolically: a transcription mistake (a Python
+    ``if`` on a length, ``/``, a range of one value, ``g.window`` unpacked where there is none)
+    becomes one :class:`TilingError` line before anything is proved."""
+    tiling = cls()
+    for family in (MASK_FAMILIES[name] for name in tiling.masks):
+        s = _Symbolic(tiling, family)
+        s.hypotheses()
+        _outputs(s.kernel, s, *z3.Ints("m_block n_block"))
 
 
 def implementation_name(cls: type, origin: str) -> str:
@@ -1145,38 +1169,70 @@ class TilingObligation:
         self.__name__ = implementation_name(cls, origin)
         self.TITLE = f"kernel {cls.__name__}"
         self.__doc__ = cls.__doc__ or ""
-        self.CONTROLS = [TilingControl(variant, origin, folders) for variant in cls.controls]
-        self.CONTROLS.append(TilingControl(_one_tile_short(cls), origin, None))
+        self.CONTROLS = [TilingControl(variant, cls, origin, folders) for variant in cls.controls]
+        self.CONTROLS.append(TilingControl(_one_tile_short(cls), cls, origin, None))
 
     def checks(self, settings, budget: Budget):
         tiling = self.cls()
+        verdicts, overflows = {}, []
         for family in (MASK_FAMILIES[name] for name in tiling.masks):
             for name, proof, s in check_family(tiling, family, budget):
+                verdicts.setdefault(family.name, {})[name] = proof.status
                 yield _with_replay(proof, s, self.__name__, self.folders, name)
             for report in filter(None, (waste(tiling, family, budget), int32_limit(tiling, family, budget))):
+                if report.detail.startswith("int32: first overflow"):
+                    overflows.append(f"[{family.name}] {report.detail.removeprefix('int32: first overflow ')}")
                 yield report
+        yield Proof(f"families of {self.cls.__name__}", "summary", PROVED,
+                    detail=_families_line(verdicts, overflows[:1]))
+
+
+def _families_line(verdicts: dict[str, dict[str, str]], overflows) -> str:
+    """``proved for dense, bottom_right; refuted for window (complete, mask-safe)``, and the first overflow."""
+    proved = [family for family, checks in verdicts.items() if all(v == PROVED for v in checks.values())]
+    failed = [f"{family} ({', '.join(name if v == REFUTED else f'{name}: {v}' for name, v in checks.items() if v != PROVED)})"
+              for family, checks in verdicts.items() if family not in proved]
+    parts = [f"proved for {', '.join(proved) or 'no family'}"] + ([f"not for {'; '.join(failed)}"] if failed else [])
+    return "; ".join(parts + [f"first int32 overflow {text}" for text in overflows])
+
+
+_BASE_VERDICTS: dict[tuple, dict[str, str]] = {}  # (tiling class, family): {check: status}, once per process
+
+
+def base_verdicts(cls: type, family: MaskFamily, budget: Budget) -> dict[str, str]:
+    """What the base tiling's checks give for one family (the reference a control is judged against)."""
+    key = (cls, family.name)
+    if key not in _BASE_VERDICTS:
+        _BASE_VERDICTS[key] = {name: proof.status for name, proof, _ in check_family(cls(), family, budget)}
+    return _BASE_VERDICTS[key]
 
 
 class TilingControl:
-    """A wrong variant: some obligation, for some family it claims, must be refuted."""
+    """A wrong variant of ``base``: refuted only by a refutation in a family and check that the base
+    tiling proves. A variant refuted only where the base fails too shows nothing about the checks:
+    it is reported as *not a control*, and the run fails."""
 
-    def __init__(self, variant: type, origin: str, folders: ReproFolders | None):
-        self.variant, self.origin, self.folders = variant, origin, folders
+    def __init__(self, variant: type, base: type, origin: str, folders: ReproFolders | None):
+        self.variant, self.base, self.origin, self.folders = variant, base, origin, folders
         self.name = variant.__name__
         self.breaks = variant.breaks or "(no description)"
-        owner = variant.__mro__[1].__name__
-        self.replaces = ", ".join(f"{owner}.{hook}" for hook in variant.overrides()) or owner
+        self.replaces = ", ".join(f"{base.__name__}.{hook}" for hook in variant.overrides()) or base.__name__
 
     def run(self, settings, budget: Budget) -> Proof:
         tiling = self.variant()
         impl = implementation_name(self.variant, self.origin) if self.folders else None
-        last = None
+        also_in_base = []
         for family in (MASK_FAMILIES[name] for name in tiling.masks):
             for name, proof, s in check_family(tiling, family, budget):
-                if proof.status == REFUTED:
+                if proof.status != REFUTED:
+                    continue
+                base = base_verdicts(self.base, family, budget).get(name, f"not claimed by {self.base.__name__}")
+                if base == PROVED:
                     return _with_replay(proof, s, impl, self.folders, name)
-                last = proof
-        return last or Proof(f"{self.name} is refuted", "z3", UNKNOWN, detail="no obligation applied")
+                also_in_base.append(f"[{family.name}] {name} (the base tiling: {base})")
+        why = (f"refuted only where {self.base.__name__} is not proved either: {'; '.join(also_in_base)}"
+               if also_in_base else "no check refuted it")
+        return Proof(f"{self.name} is refuted", "z3", UNKNOWN, detail=f"not a control: {why}")
 
 
 def _with_replay(proof: Proof, s: _Symbolic, impl, folders: ReproFolders | None, obligation) -> Proof:
@@ -1204,7 +1260,7 @@ def _one_tile_short(cls: type) -> type:
         lo, hi = cls.split(self, m_block, split_idx, g)
         return lo, ops.minimum(hi, cls.kv_blocks(self, m_block, g)[1] - step)
 
-    body = {"kv_blocks": kv_blocks, "controls": (), "__module__": cls.__module__,
+    body = {"kv_blocks": kv_blocks, "controls": (), "__module__": cls.__module__, "_generated": True,
             "breaks": "the generic control: every range one tile short at the top"}
     if cls.num_splits > 1:
         body["split"] = split

@@ -74,16 +74,82 @@ def test_family_of_a_concrete_geometry():
     assert family_of(MaskGeometry(4, 6, None, (-1, -1))).name == "dense"
 
 
-def test_symbolic_lengths_in_a_python_if_get_a_clear_error():
-    class Branchy(Causal):
-        def kv_blocks(self, m_block, g):
-            return 0, g.len_k if g.len_k < g.len_q else g.len_q
+MISTAKES = '''
+from attnformal import ops
+from attnformal.tiling import KernelTiling
 
-    with pytest.raises(z3.Z3Exception):
-        verdicts(Branchy(), "dense")
-    tiling = type("Branchy32", (Branchy,), {"int_bits": 32})()
-    with pytest.raises(TypeError, match="ops.where"):
-        int32_limit(tiling, MASK_FAMILIES["dense"], Budget(60))
+
+class Base(KernelTiling):
+    block_m, block_n = 16, 8
+    masks = ("dense", "bottom_right")
+
+    def kv_blocks(self, m_block, g):
+        return 0, self.ceil_div(g.len_k, self.block_n)
+
+
+class PythonIf(Base):
+    def kv_blocks(self, m_block, g):
+        return 0, g.len_k if g.len_k < g.len_q else g.len_q
+
+
+class PythonMin(Base):
+    def kv_blocks(self, m_block, g):
+        return 0, min(self.ceil_div(g.len_k, 8), m_block + 1)
+
+
+class Slash(Base):
+    division = "trunc"
+
+    def kv_blocks(self, m_block, g):
+        return 0, (g.len_k + 7) / 8
+
+
+class FloorSlash(Base):
+    def kv_blocks(self, m_block, g):
+        return 0, (g.len_k + 7) // 8
+
+
+class OneValue(Base):
+    def kv_blocks(self, m_block, g):
+        return self.ceil_div(g.len_k, 8)
+
+
+class UnpacksWindow(Base):
+    def kv_blocks(self, m_block, g):
+        left, right = g.window
+        return 0, self.ceil_div(g.len_k + right, 8)
+
+
+class NoLoop(KernelTiling):
+    masks = ("dense",)
+
+
+class MaskedInt(Base):
+    def masked(self, m_block, n_block, g):
+        return n_block
+'''
+
+
+@pytest.mark.parametrize("name, message", [
+    ("PythonIf", "PythonIf.kv_blocks (mask family dense): a symbolic length or index met a Python if"),
+    ("PythonMin", "PythonMin.kv_blocks (mask family dense): a symbolic length or index met a Python if/and/or/not, "
+                  "min() or max()"),
+    ("Slash", "Slash.kv_blocks (mask family dense): '/' on a kernel integer: write self.div(a, b)"),
+    ("FloorSlash", "FloorSlash.kv_blocks (mask family dense): '//' on a kernel integer: write self.div(a, b)"),
+    ("OneValue", "OneValue.kv_blocks (mask family dense): expected a pair (lo, hi), a half-open range; got one value"),
+    ("UnpacksWindow", "UnpacksWindow.kv_blocks (mask family dense): g.window is None in a mask family without a "
+                      "window"),
+    ("NoLoop", "NoLoop must define kv_blocks"),  # the user's class, not its generated control NoLoopOneTileShort
+    ("MaskedInt", "MaskedInt.masked (mask family dense): expected a condition"),
+])
+def test_each_transcription_mistake_is_one_line_naming_the_class_and_method(tmp_path, capsys, name, message):
+    path = tmp_path / "mistakes.py"
+    path.write_text(MISTAKES)
+    with pytest.raises(SystemExit) as exit_info:
+        prove_main(["--kernel", f"{path}:{name}"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in err and "Traceback" not in err
+    assert len([line for line in err.splitlines() if "error:" in line]) == 1
 
 
 # ---------------------------------------------------------------------------- obligations

@@ -187,7 +187,7 @@ class KernelTiling(metaclass=_TilingClass):
         return ops.truncdiv(a, b) if self.division == "trunc" else ops.floordiv(a, b)
 
     def ceil_div(self, a, b):
-        """``(a + b - 1) / b`` in the kernel's division, as ``cute::ceil_div``/``tl.cdiv`` spell it."""
+        """``self.div(a + b - 1, b)``: the kernel's division of ``a + b - 1`` (as ``cute::ceil_div``, ``tl.cdiv``)."""
         return self.div(a + b - 1, b)
 
     @classmethod
@@ -220,6 +220,12 @@ def _check_names(cls):
 def _validate(cls):
     """Clear errors for a malformed description, naming the attribute."""
     _check_names(cls)
+    for name, hook in KNOWN_NAMES.items():
+        value = getattr(cls, name)
+        if hook and not (callable(value) or value is None):
+            raise TypeError(f"{cls.__name__}.{name}: is a method of KernelTiling, got {value!r}")
+        if not hook and callable(value) and not isinstance(value, type):
+            raise TypeError(f"{cls.__name__}.{name}: is a setting of KernelTiling (a value), got a method")
     def positive(name):
         value = getattr(cls, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -238,10 +244,6 @@ def _validate(cls):
                         f"got {cls.masks!r}")
     if cls.num_splits > 1 and cls.split is None:
         raise TypeError(f"{cls.__name__}.num_splits = {cls.num_splits}: define split(m_block, split_idx, g)")
-    for name, hook in KNOWN_NAMES.items():
-        value = getattr(cls, name)
-        if hook and not (callable(value) or value is None):
-            raise TypeError(f"{cls.__name__}.{name}: is a method of KernelTiling, got {value!r}")
 
 
 KNOWN_NAMES.update((name, callable(value) or isinstance(value, classmethod) or name in OPTIONAL_HOOKS)

@@ -12,10 +12,10 @@ import torch
 import z3
 
 from attnformal import ops
-from attnformal.logic import PROVED, REFUTED, VACUOUS, Budget
+from attnformal.logic import PROVED, REFUTED, UNKNOWN, VACUOUS, Budget
 from attnformal.prove import main as prove_main
-from attnformal.tiling import (MASK_FAMILIES, KernelTiling, check_family, family_of, int32_limit, kernel_obligations,
-                               waste)
+from attnformal.tiling import (MASK_FAMILIES, KernelTiling, TilingControl, check_family, family_of, int32_limit,
+                               kernel_obligations, waste, window_size)
 from attnformal.masks import MaskGeometry
 
 
@@ -295,3 +295,114 @@ def test_bad_kernel_arguments_give_one_clear_error(spec, message, capsys):
         prove_main(["--kernel", spec])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- what used to pass and must not
+
+
+INT_MAX = 2**31 - 1
+
+
+class IntMaxWindow(KernelTiling):
+    """An FA2 port that writes an unbounded window side as INT_MAX, in C++ int (the issue's first tiling)."""
+
+    block_m, block_n = 128, 64
+    division = "trunc"
+    int_bits = 32
+    masks = ("window_left",)
+
+    def kv_blocks(self, m_block, g):
+        left, right = window_size(g)
+        right = INT_MAX if right is None else right
+        n_block_min = ops.maximum(0, self.div(m_block * self.block_m + g.len_k - g.len_q - left, self.block_n))
+        n_block_max = ops.minimum(self.ceil_div(g.len_k, self.block_n), self.ceil_div(
+            (m_block + 1) * self.block_m + g.len_k - g.len_q + right, self.block_n))
+        return n_block_min, n_block_max
+
+
+def test_an_int32_overflow_that_changes_a_bound_is_refuted_at_the_smallest_shape():
+    unbounded = type("Unbounded", (IntMaxWindow,), {"int_bits": None, "requires": lambda self, g: g.len_q <= INT_MAX})
+    assert {p.status for p in verdicts(unbounded(), "window_left").values()} == {PROVED}  # right on exact integers
+    proof = verdicts(IntMaxWindow(), "window_left")["int32"]
+    assert proof.status == REFUTED
+    shown = proof.countermodel
+    assert (shown["Sq"], shown["Sk"], shown["window"]) == ("1", "0", "(0, -)")
+    wrapped = int(((128 + 0 - 1 + INT_MAX + 63 + 2**31) % 2**32 - 2**31) / 64)  # C: wraps, then truncates
+    assert shown["kv_blocks hi"] == f"0 (int32: {wrapped})"
+
+
+def test_an_overflow_that_wraps_back_is_not_a_refutation():
+    # (m_block + 1) * block_m + len_k passes 2**31 before - len_q brings it back: int32 wraps to the exact value
+    launched = type("Launched", (Causal,), {"int_bits": 32, "requires": lambda self, g: g.len_k < 2**30})()
+    assert verdicts(launched, "bottom_right")["int32"].status == PROVED
+    assert "kv_blocks" in int32_limit(launched, MASK_FAMILIES["bottom_right"], Budget(60)).detail  # yet it overflows
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"mask": ("dense", "bottom_right")}, "Bad.mask: KernelTiling has no attribute 'mask'; did you mean `masks`?"),
+    ({"divison": "trunc"}, "Bad.divison: KernelTiling has no attribute 'divison'; did you mean `division`?"),
+    ({"kv_block": lambda self, m, g: (0, 1)}, "Bad.kv_block: KernelTiling has no method 'kv_block'; did you mean "
+                                              "`kv_blocks`?"),
+    ({"masks": lambda self: ()}, "Bad.masks"),
+    ({"masked": ("dense",)}, "Bad.masked: is a method of KernelTiling"),
+])
+def test_an_unknown_name_is_refused_with_the_closest_known_one(body, message):
+    with pytest.raises(TypeError) as error:
+        type("Bad", (Causal,), body)
+    assert message in str(error.value)
+
+
+def test_a_name_set_after_the_class_is_checked_too():
+    late = type("Late", (Causal,), {})
+    with pytest.raises(TypeError, match="did you mean `controls`"):
+        late.control = ()
+
+
+def test_a_helper_method_of_the_transcription_is_allowed():
+    helper = type("Helper", (Causal,), {"get_n_block_min_max": lambda self, m, g: (0, 1)})
+    assert "get_n_block_min_max" in vars(helper)
+
+
+def test_the_doc_table_does_not_write_ceil_div_with_slash():
+    assert "(a + b - 1) / b" not in DOC.read_text() and "(a + b - 1) / b" not in KernelTiling.ceil_div.__doc__
+
+
+class HalfRight(Causal):
+    """Right for dense, top-left (wrong) for bottom_right."""
+
+    def kv_blocks(self, m_block, g):
+        n_max = self.ceil_div(g.len_k, self.block_n)
+        if g.causal:
+            n_max = ops.minimum(n_max, self.ceil_div((m_block + 1) * self.block_m, self.block_n))
+        return 0, n_max
+
+
+class SameAsHalfRight(HalfRight):
+    breaks = "nothing: the base tiling itself"
+
+
+class DenseOneShort(HalfRight):
+    breaks = "the dense range one block short"
+
+    def kv_blocks(self, m_block, g):
+        lo, hi = HalfRight.kv_blocks(self, m_block, g)
+        return lo, hi - (0 if g.causal else 1)
+
+
+def test_a_control_refuted_only_where_its_base_fails_is_not_a_control():
+    vacuous = TilingControl(SameAsHalfRight, HalfRight, "tests:SameAsHalfRight", None).run(None, Budget(60))
+    assert vacuous.status == UNKNOWN and vacuous.countermodel is None
+    assert vacuous.detail.startswith("not a control: refuted only where HalfRight is not proved either: "
+                                     "[bottom_right] complete (the base tiling: refuted)")
+    real = TilingControl(DenseOneShort, HalfRight, "tests:DenseOneShort", None).run(None, Budget(60))
+    assert real.status == REFUTED and real.case == "dense"
+
+
+def test_a_vacuous_control_fails_the_run(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "vacuous.py"
+    path.write_text(MISTAKES + "\n\nclass Same(Base):\n    breaks = 'nothing'\n\n\nBase.controls = (Same,)\n")
+    monkeypatch.chdir(tmp_path)
+    assert prove_main(["--kernel", f"{path}:Base"]) == 1  # Base itself is proved; its control is not one
+    out = capsys.readouterr().out
+    assert "proved for dense, bottom_right" in out and "control 'Same' of obligation 1 was NOT refuted" in out
+    assert "not a control: no check refuted it" in out

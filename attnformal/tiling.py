@@ -749,7 +749,7 @@ class _RangeShown:
         return f"[{render_value(model, self.lo)}, {render_value(model, self.hi)})"
 
 
-NOT_REPLAYED = ("in bounds", "backward complete", "backward in bounds")
+NOT_REPLAYED = ("backward complete", "backward in bounds", "int32")  # see _with_replay
 OBLIGATIONS = (
     ("complete", "every tile holding an allowed pair is visited", complete),
     ("in bounds", "no tile reads a key outside the tensor", in_bounds),
@@ -1041,7 +1041,8 @@ def _refuse_unsupported(tiling, spec):
         if family_of(g).name not in tiling.masks:
             raise NotImplementedError(f"{name}: mask family {family_of(g).name!r} not in masks={tiling.masks}")
         if not tiling.requires(g):
-            raise NotImplementedError(f"{name}: requires(g) rejects len_q={g.len_q}, len_k={g.len_k}")
+            raise NotImplementedError(f"{name}: requires(g) rejects len_q={g.len_q}, len_k={g.len_k}, "
+                                      f"window={g.window}: the kernel does not accept this shape")
 
 
 def _tiled_forward(tiling, spec, q, k, v):
@@ -1072,6 +1073,7 @@ def _tiled_forward(tiling, spec, q, k, v):
                 state = empty_state((spec.heads_kv, group // pack, len(rows)), spec.head_dim_v, dtype=dtype,
                                     device=q.device)
                 for tile, cols in _tiles(tiling, lo, hi):
+                    _guard_read(tiling, m, cols, g.len_k)
                     masked = tiling.masked(m, tile, g)
                     k_tile, v_tile = _read_keys(keys, values, cols, g.len_k, unmasked=not masked)
                     allowed = may_attend(positions[:, None], cols[None, :], g) if masked else None
@@ -1099,6 +1101,19 @@ def _tiles(tiling, lo, hi):
         return
     for first in range(lo, hi, bn):
         yield first, torch.arange(first, min(first + bn, hi) if tiling.clips_last_tile else first + bn)
+
+
+class OutOfBoundsRead(RuntimeError):
+    """The tiling made the executor read a key outside what the *in bounds* obligation allows."""
+
+
+def _guard_read(tiling, m_block, cols, len_k):
+    """Refuse a read outside ``[0, len_k)`` (a block loop: to the end of its ragged last block), as a
+    guarded load would report it: the read a refuted *in bounds* names is visible, masked or not."""
+    limit = len_k if tiling.kv_unit == "keys" else ops.cdiv(len_k, tiling.block_n) * tiling.block_n
+    if len(cols) and (int(cols[0]) < 0 or int(cols[-1]) >= limit):
+        raise OutOfBoundsRead(f"{type(tiling).__name__}: query block {m_block} reads keys [{int(cols[0])}, "
+                              f"{int(cols[-1]) + 1}) outside [0, {limit}) of the key tensor")
 
 
 def _read_keys(keys, values, cols, len_k, unmasked):
@@ -1240,9 +1255,9 @@ class TilingControl:
 def _with_replay(proof: Proof, s: _Symbolic, impl, folders: ReproFolders | None, obligation) -> Proof:
     """The proof, with the battery case of a refutation whose effect the executor's output shows.
 
-    Not for ``in bounds`` (a read outside the tensor that the mask then removes changes no output;
-    one that stays unmasked also refutes mask-safety, which writes the case) nor for ``backward``
-    (the executor's backward is autograd of its forward, not the tiling's ``q_blocks``).
+    An ``in bounds`` case fails on the executor, which refuses the read (:func:`_guard_read`). Not for
+    ``backward`` (the executor's backward is autograd of its forward, not the tiling's ``q_blocks``)
+    nor ``int32`` (its shapes have ~2**31 keys, and the executor computes on Python ints).
     """
     if proof.status != REFUTED or impl is None or folders is None or obligation in NOT_REPLAYED:
         return proof

@@ -14,8 +14,8 @@ import z3
 from attnformal import ops
 from attnformal.logic import PROVED, REFUTED, UNKNOWN, VACUOUS, Budget
 from attnformal.prove import main as prove_main
-from attnformal.tiling import (MASK_FAMILIES, KernelTiling, TilingControl, check_family, family_of, int32_limit,
-                               kernel_obligations, waste, window_size)
+from attnformal.tiling import (MASK_FAMILIES, KernelTiling, ReproFolders, TilingControl, check_family, family_of,
+                               int32_limit, kernel_obligations, load_tilings, waste, window_size)
 from attnformal.masks import MaskGeometry
 
 
@@ -406,3 +406,39 @@ def test_a_vacuous_control_fails_the_run(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "proved for dense, bottom_right" in out and "control 'Same' of obligation 1 was NOT refuted" in out
     assert "not a control: no check refuted it" in out
+
+
+def test_an_in_bounds_refutation_replays_as_a_failing_read(tmp_path, monkeypatch, capsys):
+    from attnformal.verify.__main__ import main as verify_main
+
+    path = user_file(tmp_path)
+    with path.open("a") as handle:
+        handle.write("\n\nclass OnePast(MyKernel):\n    breaks = 'one block past the keys'\n\n"
+                     "    def kv_blocks(self, m_block, g):\n        lo, hi = MyKernel.kv_blocks(self, m_block, g)\n"
+                     "        return lo, hi + 1\n")
+    monkeypatch.chdir(tmp_path)
+    one_past = load_tilings(f"{path}:OnePast")[0]
+    proof = TilingControl(one_past, one_past.__mro__[1], f"{path}:OnePast", ReproFolders(tmp_path / "repro")).run(
+        None, Budget(60))
+    assert proof.status == REFUTED and "in bounds" in proof.claim and "replay:" in proof.detail
+    case = proof.detail.split("--replay ")[1]
+    capsys.readouterr()
+    assert verify_main(["--impl", f"{path}:OnePast", "--replay", case]) == 1
+    assert "raised OutOfBoundsRead: OnePast: query block 0 reads keys [0, 64) outside [0, 0)" in capsys.readouterr().out
+    assert verify_main(["--impl", f"{path}:MyKernel", "--replay", case]) == 0
+
+
+def test_an_unsupported_replay_exits_3_and_says_requires(tmp_path, monkeypatch, capsys):
+    from attnformal.verify.__main__ import main as verify_main
+
+    path = user_file(tmp_path)
+    with path.open("a") as handle:
+        handle.write("\n\nclass Square(MyKernel):\n    def requires(self, g):\n        return g.len_q == g.len_k\n")
+    monkeypatch.chdir(tmp_path)
+    obligation = kernel_obligations([f"{path}:MyKernel"], tmp_path / "repro")[0][1]
+    proof = next(c for c in obligation.CONTROLS if c.name == "MyKernelTopLeft").run(None, Budget(60))
+    case = proof.detail.split("--replay ")[1]  # Sq = 1, Sk = 129
+    capsys.readouterr()
+    assert verify_main(["--impl", f"{path}:Square", "--replay", case]) == 3
+    out = capsys.readouterr().out
+    assert "requires(g) rejects len_q=1, len_k=129" in out and "refused: lse" not in out

@@ -170,6 +170,7 @@ class KernelTiling(metaclass=_TilingClass):
         return True
 
     q_blocks = None  # optional: q_blocks(n_block, g) -> (m_min, m_max), the backward's range
+    element_mask = None  # optional: element_mask(i, j, g) -> does the kernel's own mask keep score (i, j)
     split = None  # optional: split(m_block, split_idx, g) -> (n_min, n_max) of one split-KV part
 
     def row_position(self, row):
@@ -196,7 +197,7 @@ class KernelTiling(metaclass=_TilingClass):
         return [name for name, value in vars(cls).items() if callable(value) and not name.startswith("_")]
 
 
-OPTIONAL_HOOKS = ("q_blocks", "split")  # None unless the kernel has one
+OPTIONAL_HOOKS = ("q_blocks", "split", "element_mask")  # None unless the kernel has one
 KNOWN_NAMES: dict[str, bool] = {}  # the public names of KernelTiling: True for a hook (method), False for a setting
 HELPER_CUTOFF = 0.8  # a helper method this close to a known name is taken for a misspelt one
 
@@ -684,17 +685,21 @@ def _key_limit(t, s):
 
 def mask_safe(s: _Symbolic):
     t = s.tiling
-    if "masked" not in _defined(t):
+    own_mask = t.element_mask is not None
+    if "masked" not in _defined(t) and not own_mask:
         return None
     m, n, row, j = z3.Ints("m_block n_block row j")
     claims = []
     for lo, hi in s.parts(m):
         first, end = keys_of(t, lo, hi)
         tile_first, tile_name = tile_at(t, lo, n)
-        in_tile = z3.And(lo < hi, 0 <= n, tile_first >= first, tile_first < end,
+        in_tile = z3.And(s.in_row_block(row, m), lo < hi, 0 <= n, tile_first >= first, tile_first < end,
                          tile_first <= j, j < tile_first + t.block_n, j < end)
-        unmasked = z3.And(s.in_row_block(row, m), in_tile, z3.Not(s.masked(m, tile_name)))
-        claims.append(z3.Implies(unmasked, s.allowed(row, j)))
+        masked = s.masked(m, tile_name) if "masked" in _defined(t) else z3.BoolVal(True)
+        claims.append(z3.Implies(z3.And(in_tile, z3.Not(masked)), s.allowed(row, j)))
+        if own_mask:  # where the kernel masks, its own mask keeps exactly the allowed pairs
+            kept = s.kernel.condition("element_mask", t.row_position(row), j).value
+            claims.append(z3.Implies(z3.And(in_tile, masked), kept == s.allowed(row, j)))
     shown = {"m_block": m, "tile": n, "i": t.row_position(row), "j": j}
     return z3.And(*claims), (), shown
 
@@ -1076,7 +1081,8 @@ def _tiled_forward(tiling, spec, q, k, v):
                     _guard_read(tiling, m, cols, g.len_k)
                     masked = tiling.masked(m, tile, g)
                     k_tile, v_tile = _read_keys(keys, values, cols, g.len_k, unmasked=not masked)
-                    allowed = may_attend(positions[:, None], cols[None, :], g) if masked else None
+                    kept = may_attend if tiling.element_mask is None else tiling.element_mask
+                    allowed = kept(positions[:, None], cols[None, :], g) if masked else None
                     s, _ = tile_scores(packed[:, :, rows], k_tile, spec.scale, spec.softcap, allowed)
                     state = merge(state, block_state(s, v_tile))
                 partials.append(state)
@@ -1168,6 +1174,8 @@ def read_hooks(cls: type) -> None:
         s = _Symbolic(tiling, family)
         s.hypotheses()
         _outputs(s.kernel, s, *z3.Ints("m_block n_block"))
+        if tiling.element_mask is not None:
+            s.kernel.condition("element_mask", *z3.Ints("i j"))
 
 
 def implementation_name(cls: type, origin: str) -> str:

@@ -442,3 +442,36 @@ def test_an_unsupported_replay_exits_3_and_says_requires(tmp_path, monkeypatch, 
     assert verify_main(["--impl", f"{path}:Square", "--replay", case]) == 3
     out = capsys.readouterr().out
     assert "requires(g) rejects len_q=1, len_k=129" in out and "refused: lse" not in out
+
+
+class OwnMask(Causal):
+    """FA2's element-wise causal mask (mask.h: col_idx_limit_right = min(max_seqlen_k, row_idx + 1 +
+    max_seqlen_k - max_seqlen_q)) instead of the spec's, on the tiles the kernel masks."""
+
+    def element_mask(self, i, j, g):
+        right = ops.minimum(g.len_k, i + 1 + g.len_k - g.len_q) if g.causal else g.len_k
+        return j < right
+
+
+class OwnMaskTopLeft(OwnMask):
+    breaks = "the element-wise mask aligned top-left (row_idx + 1, the max_seqlen_k - max_seqlen_q dropped)"
+
+    def element_mask(self, i, j, g):
+        return j < (ops.minimum(g.len_k, i + 1) if g.causal else g.len_k)
+
+
+def test_a_kernels_own_element_mask_is_proven_against_the_spec(tmp_path):
+    assert verdicts(OwnMask(), "bottom_right")["mask-safe"].status == PROVED
+    proof = verdicts(OwnMaskTopLeft(), "bottom_right")["mask-safe"]
+    assert proof.status == REFUTED
+    shown = proof.countermodel
+    i, j, len_q, len_k = (int(shown[k]) for k in ("i", "j", "Sq", "Sk"))
+    allowed, kept = j <= i + len_k - len_q and j < len_k, j < min(len_k, i + 1)
+    assert allowed != kept and len_q + len_k == 3  # the smallest shapes where the alignments differ
+
+
+def test_the_executor_applies_the_kernels_element_mask():
+    q, k, v = (torch.randn(1, 1, n, 8, generator=torch.Generator().manual_seed(n)) for n in (20, 5, 5))
+    right = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(20, 5).tril(5 - 20).bool())
+    assert torch.allclose(OwnMask(q, k, v, causal="bottom_right")[:, :, 15:], right[:, :, 15:], atol=1e-5)
+    assert not torch.allclose(OwnMaskTopLeft(q, k, v, causal="bottom_right")[:, :, 15:], right[:, :, 15:], atol=1e-3)

@@ -12,7 +12,9 @@ Transcribed from Dao-AILab/flash-attention at commit 0251105a2fb19d2957484b7f023
 Its causal mask is top-left (``j <= i``), unlike FlashAttention's CUDA kernels, whose ``causal=True``
 is bottom-right since v2.1. :class:`FlashAttnTriton` claims ``top_left``; the same tiling asked for
 ``bottom_right`` (:class:`FlashAttnTritonAsBottomRight`, what ``causal=True`` means for
-``flash_attn_func``) is a negative control the prover must refute whenever ``seqlen_k > seqlen_q``.
+``flash_attn_func``) is shipped as a tiling the prover refutes whenever ``seqlen_k > seqlen_q``: not
+as a control of :class:`FlashAttnTriton`, which does not claim ``bottom_right`` (a control must be
+refuted where its base is proved).
 """
 
 from __future__ import annotations
@@ -53,9 +55,20 @@ class FlashAttnTriton(KernelTiling):
 
 
 class FlashAttnTritonAsBottomRight(FlashAttnTriton):
+    """The same tiling, claimed for bottom-right causal: refuted."""
+
     breaks = "the kernel's causal=True read as flash_attn_func's bottom-right causal (its end_n and mask are " \
              "top-left)"
     masks = ("bottom_right",)
 
 
-FlashAttnTriton.controls = (FlashAttnTritonAsBottomRight,)
+class FlashAttnTritonEndOneBlockEarly(FlashAttnTriton):
+    breaks = "end_n = min(start_m * BLOCK_M, seqlen_k) under causal: the diagonal block is never visited"
+
+    def kv_blocks(self, m_block, g):
+        if not g.causal:
+            return FlashAttnTriton.kv_blocks(self, m_block, g)
+        return 0, self.ceil_div(ops.minimum(m_block * self.block_m, g.len_k), self.block_n)
+
+
+FlashAttnTriton.controls = (FlashAttnTritonEndOneBlockEarly,)

@@ -72,3 +72,4 @@ class FlashAttnTritonEndOneBlockEarly(FlashAttnTriton):
 
 
 FlashAttnTriton.controls = (FlashAttnTritonEndOneBlockEarly,)
+FlashAttnTritonAsBottomRight.controls = ()  # refuted in every check: only the generic control, "not a control"

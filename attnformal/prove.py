@@ -308,7 +308,9 @@ def table(checks, controls, wall: float, jobs: int, settings: Settings) -> str:
              f"resource units each (wall-clock safety net {settings.timeout:g} s)",
              "schedules: " + describe_schedules(settings), "",
              f"{'#':>2}  {'obligation':<52} {'tool':<16} {'checks':>6}  {'time':>7} {'units':>8}  status"]
-    lines += [_obligation_line(o) for o in checks]
+    for o in checks:
+        lines.append(_obligation_line(o))
+        lines += [f"    {p.detail}" for p in o.checks if p.tool == "summary"]  # e.g. a kernel tiling's families
     lines += ["", "negative controls (each must be refuted with a counterexample, or shown vacuous)",
               f"{'#':>2}  {'control':<52} {'status':<8}  counterexample"]
     for c in controls:

@@ -9,7 +9,7 @@ and range-checked Z3 integers (the int32 check)::
     class MyKernel(KernelTiling):
         block_m, block_n = 128, 64
         division = "trunc"                  # C/C++/CUDA/Triton ``/`` on signed ints; "floor": Python, CuTe DSL
-        int_bits = 32                       # also find the smallest shape where int32 arithmetic overflows
+        int_bits = 32                       # int32 arithmetic, wrapping: proved for every int32 input
         masks = ("dense", "bottom_right")   # the mask families it supports (MASK_FAMILIES)
 
         def kv_blocks(self, m_block, g):    # g: the spec's MaskGeometry (len_q, len_k, causal, window)
@@ -25,9 +25,13 @@ tile? default: always), ``q_blocks(n_block, g)`` (the backward's query blocks of
 default ``r // qhead_per_kvhead``), ``requires(g)`` (preconditions on the shape, e.g.
 ``len_q == len_k``), and ``kv_unit = "keys"`` for key loops that start at an arbitrary key
 (``kv_blocks`` then returns key positions ``[start, end)``, walked in steps of ``block_n``; the
-last tile stops at ``end`` unless ``clips_last_tile = False``). A symbolic length may not meet a
-Python ``if``: branch on the structure (``g.causal``, :func:`window_size`), compute on values with
-``ops.where``/``ops.minimum``/``ops.maximum``.
+last tile stops at ``end`` unless ``clips_last_tile = False``), ``element_mask(i, j, g)`` (the
+kernel's own element-wise mask, proven against the spec's on the tiles it masks). The hooks run on
+kernel integers: a symbolic length may not meet a Python ``if``/``min``, nor ``/`` or ``//``
+(``self.div``/``self.ceil_div`` divide as the kernel's language does); branch on the structure
+(``g.causal``, :func:`window_size`), compute on values with ``ops.where``/``ops.minimum``/
+``ops.maximum``. A mistake is one :class:`TilingError` line naming the class and the method, and an
+unknown public name on a tiling class is refused with the closest known one.
 
 Obligations, for every mask family the tiling declares, all lengths ``len_q, len_k >= 0`` and all
 window bounds (Z3, unbounded integers, the tiling's own division semantics), against the spec's
@@ -36,14 +40,18 @@ window bounds (Z3, unbounded integers, the tiling's own division semantics), aga
 * *complete*: every tile holding an allowed pair is visited (by some part);
 * *in bounds*: no tile reads a key outside the tensor (a block loop's ragged last block may);
 * *mask-safe*: on a tile the kernel leaves unmasked, every position of a real query row is allowed
-  (the tile is FULL on the rows the kernel stores);
+  (the tile is FULL on the rows the kernel stores); with ``element_mask``, on a masked tile it keeps
+  exactly the allowed pairs;
 * *splits*: the parts read disjoint keys, inside the visited range, and cover it;
 * *backward*: ``q_blocks`` visits every query block whose tile with the key block holds an
   allowed pair, and stays inside the query blocks;
 * *waste* (reported): the most visited SKIP tiles of one query block, over all shapes;
-* *int32* (``int_bits = 32``, reported): the smallest shape (least ``len_q + len_k + window
-  bounds``) at which an index expression of the tiling leaves int32; below it the int32 code
-  computes the values proven here.
+* *int32* (``int_bits = 32``): for every int32 input the launch allows, the kernel's wrapping int32
+  arithmetic computes the ranges and masking decisions proven above (an overflow that changes one
+  is refuted at its smallest shape); the first overflow, harmless or not, is reported.
+
+A wrong variant (a control) counts as refuted only by a refutation in a family and check its base
+tiling proves; otherwise it is *not a control* and the run fails.
 
 A refutation shows the smallest shape it finds with the missed tile and one allowed ``(i, j)``
 in it, and writes a battery case for exactly that shape: a tiling class is itself an
@@ -56,6 +64,7 @@ runs it all; docs/kernel-tilings.md has a complete example.
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import time
 from dataclasses import dataclass
@@ -123,12 +132,19 @@ def window_size(g: MaskGeometry):
 
 
 class _TilingClass(type):
-    """Calling a tiling class with tensors runs the kernel's tiling: the class is an implementation."""
+    """Calling a tiling class with tensors runs the kernel's tiling: the class is an implementation.
+    An attribute set on a tiling class after its body (``MyKernel.controls = ...``) is checked as
+    one written in it."""
 
     def __call__(cls, *args, **kwargs):
         if not args and not kwargs:
             return super().__call__()
         return run_tiling(super().__call__(), *args, **kwargs)
+
+    def __setattr__(cls, name, value):
+        super().__setattr__(name, value)
+        if KNOWN_NAMES:  # KernelTiling itself is being built
+            _validate(cls)
 
 
 class KernelTiling(metaclass=_TilingClass):
@@ -162,6 +178,7 @@ class KernelTiling(metaclass=_TilingClass):
         return True
 
     q_blocks = None  # optional: q_blocks(n_block, g) -> (m_min, m_max), the backward's range
+    element_mask = None  # optional: element_mask(i, j, g) -> does the kernel's own mask keep score (i, j)
     split = None  # optional: split(m_block, split_idx, g) -> (n_min, n_max) of one split-KV part
 
     def row_position(self, row):
@@ -179,7 +196,7 @@ class KernelTiling(metaclass=_TilingClass):
         return ops.truncdiv(a, b) if self.division == "trunc" else ops.floordiv(a, b)
 
     def ceil_div(self, a, b):
-        """``(a + b - 1) / b`` in the kernel's division, as ``cute::ceil_div``/``tl.cdiv`` spell it."""
+        """``self.div(a + b - 1, b)``: the kernel's division of ``a + b - 1`` (as ``cute::ceil_div``, ``tl.cdiv``)."""
         return self.div(a + b - 1, b)
 
     @classmethod
@@ -188,8 +205,36 @@ class KernelTiling(metaclass=_TilingClass):
         return [name for name, value in vars(cls).items() if callable(value) and not name.startswith("_")]
 
 
+OPTIONAL_HOOKS = ("q_blocks", "split", "element_mask")  # None unless the kernel has one
+KNOWN_NAMES: dict[str, bool] = {}  # the public names of KernelTiling: True for a hook (method), False for a setting
+HELPER_CUTOFF = 0.8  # a helper method this close to a known name is taken for a misspelt one
+
+
+def _check_names(cls):
+    """Refuse a public name KernelTiling does not know, with the closest known one. A data
+    attribute must be a known setting; a method may be the transcription's own helper (FA3's
+    ``get_n_block_min_max``) unless its name is a near-miss of a known one (``kv_block``)."""
+    for name, value in vars(cls).items():
+        if name.startswith("_") or name in KNOWN_NAMES:
+            continue
+        method = callable(value) or isinstance(value, (staticmethod, classmethod, property))
+        close = difflib.get_close_matches(name, KNOWN_NAMES, n=1, cutoff=HELPER_CUTOFF if method else 0.5)
+        if method and not close:
+            continue
+        hint = f"did you mean `{close[0]}`?" if close else "known: " + ", ".join(sorted(KNOWN_NAMES))
+        kind = "method" if method else "attribute"
+        raise TypeError(f"{cls.__name__}.{name}: KernelTiling has no {kind} {name!r}; {hint}")
+
+
 def _validate(cls):
     """Clear errors for a malformed description, naming the attribute."""
+    _check_names(cls)
+    for name, hook in KNOWN_NAMES.items():
+        value = getattr(cls, name)
+        if hook and not (callable(value) or value is None):
+            raise TypeError(f"{cls.__name__}.{name}: is a method of KernelTiling, got {value!r}")
+        if not hook and callable(value) and not isinstance(value, type):
+            raise TypeError(f"{cls.__name__}.{name}: is a setting of KernelTiling (a value), got a method")
     def positive(name):
         value = getattr(cls, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -210,20 +255,39 @@ def _validate(cls):
         raise TypeError(f"{cls.__name__}.num_splits = {cls.num_splits}: define split(m_block, split_idx, g)")
 
 
-# ---------------------------------------------------------------------------- range-checked integers
+KNOWN_NAMES.update((name, callable(value) or isinstance(value, classmethod) or name in OPTIONAL_HOOKS)
+                   for klass in KernelTiling.__mro__[:-1] for name, value in vars(klass).items()
+                   if not name.startswith("_"))
+
+
+# ---------------------------------------------------------------------------- kernel integers
 
 
 INT32 = (-(2**31), 2**31 - 1)
 
 
-class _Checked:
-    """An exact integer (a Z3 Int) that remembers whether any value it was computed from left int32.
+class TilingError(ValueError):
+    """A transcription mistake the prover cannot read, as one line naming the class and the method."""
 
-    The tiling's arithmetic runs on these unchanged: ``+ - * %`` and comparisons are overloaded,
-    the rest of :mod:`attnformal.ops` dispatches here through ``__attn_ops__``. Up to the first
-    operation whose exact result leaves int32, int32 arithmetic computes these same values, so
-    ``overflow`` is true exactly when the kernel's int32 arithmetic overflows somewhere on the
-    way to this value (C's signed overflow; CuTe DSL's ``Int32`` wraps).
+
+def _division_refused(symbol):
+    return TilingError(f"'{symbol}' on a kernel integer: write self.div(a, b) (the kernel's declared division, "
+                       "'trunc' or 'floor') or self.ceil_div(a, b)")
+
+
+_BOOL_REFUSED = ("a symbolic length or index met a Python if/and/or/not, min() or max(): compute on values with "
+                 "ops.where, ops.minimum, ops.maximum, ops.and_ (a Python if may test g.causal, g.window is None "
+                 "and window_size(g)'s None sides)")
+
+
+class _Checked:
+    """The value a kernel computes (an exact Z3 Int) and whether any value on the way left int32.
+
+    Every hook of a tiling runs on these: ``+ - * %`` and comparisons are overloaded, the rest of
+    :mod:`attnformal.ops` dispatches here through ``__attn_ops__``; ``/``, ``//`` and ``bool()`` are
+    refused (they have no meaning the prover could pick for the kernel). Up to the first operation
+    whose exact result leaves int32, int32 arithmetic computes these same values, so ``overflow``
+    is true exactly when the kernel's int32 arithmetic overflows on the way to this value.
     """
 
     __slots__ = ("value", "overflow")
@@ -231,24 +295,26 @@ class _Checked:
     def __init__(self, value, overflow=None):
         self.value, self.overflow = value, z3.BoolVal(False) if overflow is None else overflow
 
-    @staticmethod
-    def lift(x):
+    @classmethod
+    def lift(cls, x):
         if isinstance(x, _Checked):
             return x
         if isinstance(x, bool) or not isinstance(x, int):
-            raise TypeError(f"kernel integer arithmetic mixes an int32 with {type(x).__name__}")
-        return _Checked(z3.IntVal(x))
+            raise TilingError(f"kernel integer arithmetic mixes a kernel integer with {type(x).__name__} {x!r}"
+                              + (": write self.div(a, b) or self.ceil_div(a, b), not '/'" if isinstance(x, float)
+                                 else ""))
+        return cls(z3.IntVal(x))
 
-    @staticmethod
-    def result(value, *operands):
+    @classmethod
+    def result(cls, value, *operands):
         out_of_range = z3.Or(value < INT32[0], value > INT32[1])
-        return _Checked(value, z3.Or(out_of_range, *(x.overflow for x in operands)))
+        return cls(value, z3.Or(out_of_range, *(x.overflow for x in operands)))
 
     def _arith(self, other, op, reflected=False):
-        a, b = self, _Checked.lift(other)
+        a, b = self, self.lift(other)
         if reflected:
             a, b = b, a
-        return _Checked.result(op(a.value, b.value), a, b)
+        return self.result(op(a.value, b.value), a, b)
 
     def __add__(self, other):
         return self._arith(other, lambda a, b: a + b)
@@ -272,10 +338,20 @@ class _Checked:
         return self - _CheckedOps.truncdiv(self, other) * other  # C's %: the sign of the dividend
 
     def __neg__(self):
-        return _Checked.result(-self.value, self)
+        return self.result(-self.value, self)
+
+    def __truediv__(self, other):
+        raise _division_refused("/")
+
+    __rtruediv__ = __truediv__
+
+    def __floordiv__(self, other):
+        raise _division_refused("//")
+
+    __rfloordiv__ = __floordiv__
 
     def _compare(self, other, op):
-        a, b = self, _Checked.lift(other)
+        a, b = self, self.lift(other)
         return _Flag(op(a.value, b.value), z3.Or(a.overflow, b.overflow))
 
     def __lt__(self, other):
@@ -299,12 +375,30 @@ class _Checked:
     __hash__ = None
 
     def __bool__(self):
-        raise TypeError("a symbolic kernel integer was used as a Python bool: use ops.where, ops.minimum, "
-                        "ops.maximum instead of if/min/max on lengths")
+        raise TilingError(_BOOL_REFUSED)
+
+    def __index__(self):
+        raise TilingError(_BOOL_REFUSED.replace("a Python if/and/or/not, min() or max()", "range() or an index"))
+
+
+def _wrap32(value):
+    """``value`` as two's-complement int32 arithmetic leaves it: reduced into ``[-2**31, 2**31)``."""
+    return value - 2**32 * ((value + 2**31) / 2**32)  # Z3's integer division floors for a positive divisor
+
+
+class _Wrapped(_Checked):
+    """A kernel integer in int32 semantics: every result wraps around, as PTX's ``add.s32``/``mul.lo.s32``
+    and CuTe DSL's ``Int32`` compute (C and C++ leave signed overflow undefined; nvcc emits these)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def result(cls, value, *operands):
+        return cls(_wrap32(value))
 
 
 class _Flag:
-    """A condition on range-checked integers, with the overflow of its operands."""
+    """A condition on kernel integers, with the overflow of its operands."""
 
     __slots__ = ("value", "overflow")
 
@@ -312,15 +406,20 @@ class _Flag:
         self.value, self.overflow = value, overflow
 
     def __bool__(self):
-        raise TypeError("a symbolic kernel condition was used as a Python bool: use ops.where/ops.and_")
+        raise TilingError(_BOOL_REFUSED)
 
 
 def _flag(x):
     return x if isinstance(x, _Flag) else _Flag(z3.BoolVal(x) if isinstance(x, bool) else x, z3.BoolVal(False))
 
 
+def _kind(*xs) -> type:
+    """The kernel-integer class of the operands (exact-and-checked, or wrapping)."""
+    return next((type(x) for x in xs if isinstance(x, _Checked)), _Checked)
+
+
 class _CheckedOps:
-    """:mod:`attnformal.ops` on range-checked integers."""
+    """:mod:`attnformal.ops` on kernel integers."""
 
     @staticmethod
     def and_(xs):
@@ -339,29 +438,37 @@ class _CheckedOps:
 
     @staticmethod
     def where(cond, a, b):
-        cond, a, b = _flag(cond), _Checked.lift(a), _Checked.lift(b)
-        return _Checked(z3.If(cond.value, a.value, b.value),
-                        z3.Or(cond.overflow, z3.If(cond.value, a.overflow, b.overflow)))
+        if isinstance(a, _Flag) or isinstance(b, _Flag):  # a choice between conditions
+            cond, a, b = _flag(cond), _flag(a), _flag(b)
+            return _Flag(z3.If(cond.value, a.value, b.value), z3.Or(cond.overflow, a.overflow, b.overflow))
+        kind = _kind(a, b)
+        cond, a, b = _flag(cond), kind.lift(a), kind.lift(b)
+        return kind(z3.If(cond.value, a.value, b.value),
+                    z3.Or(cond.overflow, z3.If(cond.value, a.overflow, b.overflow)))
 
     @staticmethod
     def maximum(a, b):
-        a, b = _Checked.lift(a), _Checked.lift(b)
+        kind = _kind(a, b)
+        a, b = kind.lift(a), kind.lift(b)
         return _CheckedOps.where(a >= b, a, b)
 
     @staticmethod
     def minimum(a, b):
-        a, b = _Checked.lift(a), _Checked.lift(b)
+        kind = _kind(a, b)
+        a, b = kind.lift(a), kind.lift(b)
         return _CheckedOps.where(a <= b, a, b)
 
     @staticmethod
     def floordiv(a, b):
-        a, b = _Checked.lift(a), _Checked.lift(b)
-        return _Checked.result(ops.floordiv(a.value, b.value), a, b)
+        kind = _kind(a, b)
+        a, b = kind.lift(a), kind.lift(b)
+        return kind.result(ops.floordiv(a.value, b.value), a, b)
 
     @staticmethod
     def truncdiv(a, b):
-        a, b = _Checked.lift(a), _Checked.lift(b)
-        return _Checked.result(ops.truncdiv(a.value, b.value), a, b)
+        kind = _kind(a, b)
+        a, b = kind.lift(a), kind.lift(b)
+        return kind.result(ops.truncdiv(a.value, b.value), a, b)
 
     @staticmethod
     def shr(a, k):
@@ -369,11 +476,91 @@ class _CheckedOps:
 
     @staticmethod
     def shl(a, k):
-        return _Checked.lift(a) * 2**k
+        return _kind(a).lift(a) * 2**k
 
 
 _Checked.__attn_ops__ = _Flag.__attn_ops__ = _CheckedOps
 
+
+# -- calling a tiling's hooks on kernel integers
+
+
+def _author(tiling, hook: str) -> str:
+    """The user's class to name in an error about ``hook``: the one defining it, never a generated control."""
+    classes = [c for c in type(tiling).__mro__[:-2] if not vars(c).get("_generated")]
+    return next((c.__name__ for c in classes if hook in vars(c)), classes[0].__name__ if classes else "KernelTiling")
+
+
+def _explain(error: Exception) -> str:
+    text = str(error)
+    if isinstance(error, TilingError):
+        return text
+    if "cannot unpack non-iterable NoneType" in text:
+        return "g.window is None in a mask family without a window: test `g.window is None` first, or read " \
+               "window_size(g), whose sides are None when unbounded"
+    if "Symbolic expressions cannot be cast to concrete Boolean" in text:
+        return _BOOL_REFUSED
+    return f"{type(error).__name__}: {text}"
+
+
+def call_hook(tiling, hook: str, family: str, *args):
+    """``tiling.<hook>(*args)``; a mistake in it becomes one :class:`TilingError` line naming the class."""
+    try:
+        return getattr(tiling, hook)(*args)
+    except NotImplementedError:
+        raise TilingError(f"{_author(tiling, hook)} must define {hook}(...): see docs/kernel-tilings.md") from None
+    except (TypeError, ValueError, AttributeError, ZeroDivisionError, z3.Z3Exception) as error:
+        raise TilingError(f"{_author(tiling, hook)}.{hook} (mask family {family}): {_explain(error)}") from None
+
+
+class _KernelView:
+    """A tiling's hooks for one family, evaluated on kernel integers of one semantics (``kind``):
+    exact and overflow-checked (:class:`_Checked`) or int32 wrap-around (:class:`_Wrapped`)."""
+
+    def __init__(self, tiling, family, sides, kind=_Checked):
+        self.tiling, self.family, self.kind = tiling, family, kind
+        self.g = family.geometry(*(x if isinstance(x, int) else kind(x) for x in sides))
+
+    def _call(self, hook, *args):
+        args = (self.kind(a) if isinstance(a, z3.ExprRef) else a for a in args)  # a split's index stays an int
+        return call_hook(self.tiling, hook, self.family.name, *args, self.g)
+
+    def range(self, hook, *args) -> tuple:
+        """A hook's half-open range, as two kernel integers."""
+        out = self._call(hook, *args)
+        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+            raise TilingError(f"{_author(self.tiling, hook)}.{hook} (mask family {self.family.name}): expected a "
+                              f"pair (lo, hi), a half-open range; got {_described(out)}")
+        return tuple(self._integer(hook, x) for x in out)
+
+    def condition(self, hook, *args) -> _Flag:
+        out = self._call(hook, *args) if args else call_hook(self.tiling, hook, self.family.name, self.g)
+        if not isinstance(out, (bool, _Flag)):
+            raise TilingError(f"{_author(self.tiling, hook)}.{hook} (mask family {self.family.name}): expected a "
+                              f"condition (a comparison, ops.and_/or_/not_, True or False), got {type(out).__name__}")
+        return _flag(out)
+
+    def _integer(self, hook, x):
+        try:
+            return self.kind.lift(x)
+        except TilingError as error:
+            raise TilingError(f"{_author(self.tiling, hook)}.{hook} (mask family {self.family.name}): {error}") from None
+
+    def parts(self, m) -> list[tuple]:
+        """The ranges the key loop of query block ``m`` walks (its split-KV parts, or ``kv_blocks``)."""
+        if self.tiling.num_splits == 1:
+            return [self.range("kv_blocks", m)]
+        return [self.range("split", m, index) for index in range(self.tiling.num_splits)]
+
+
+def _described(out) -> str:
+    if isinstance(out, (tuple, list)):
+        return f"{len(out)} values"
+    return "one value" if isinstance(out, (_Checked, int)) else type(out).__name__
+
+
+def _terms(pairs) -> list[tuple]:
+    return [tuple(x.value for x in pair) for pair in pairs]
 
 # ---------------------------------------------------------------------------- one tiling, one family, symbolically
 
@@ -387,8 +574,21 @@ class _Symbolic:
         bounded_left, bounded_right = _WINDOWS[family.window]
         self.left = z3.Int("L") if bounded_left else -1
         self.right = z3.Int("R") if bounded_right else -1
-        self.g = family.geometry(self.len_q, self.len_k, self.left, self.right)
+        self.g = family.geometry(self.len_q, self.len_k, self.left, self.right)  # the spec's, on Z3 Ints
         self.rows = self.len_q * tiling.qhead_per_kvhead  # packed rows of one KV head
+        self.kernel = self.view(_Checked)  # the kernel's hooks, on kernel integers
+
+    def view(self, kind) -> _KernelView:
+        return _KernelView(self.tiling, self.family, (self.len_q, self.len_k, self.left, self.right), kind)
+
+    def parts(self, m) -> list[tuple]:
+        return _terms(self.kernel.parts(m))
+
+    def range(self, hook, *args) -> tuple:
+        return _terms([self.kernel.range(hook, *args)])[0]
+
+    def masked(self, m, n):
+        return self.kernel.condition("masked", m, n).value
 
     @property
     def inputs(self):
@@ -396,9 +596,9 @@ class _Symbolic:
         return [x for x in (self.len_q, self.len_k, self.left, self.right) if not isinstance(x, int)]
 
     def hypotheses(self, *extra):
-        requires = self.tiling.requires(self.g)
+        requires = self.kernel.condition("requires").value
         return (("lengths and bounded window sides >= 0", z3.And(*(x >= 0 for x in self.inputs))),
-                *((("requires(g)", requires),) if requires is not True else ()), *extra)
+                *((("requires(g)", requires),) if not z3.is_true(requires) else ()), *extra)
 
     def shape(self) -> dict:
         shown = {"Sq": self.len_q, "Sk": self.len_k}
@@ -459,10 +659,10 @@ def complete(s: _Symbolic):
     t = s.tiling
     m, row, j = z3.Ints("m_block row j")
     premise = z3.And(s.in_row_block(row, m), s.allowed(row, j))
-    read = [keys_of(t, lo, hi) + (lo < hi,) for lo, hi in parts(t, m, s.g)]
+    read = [keys_of(t, lo, hi) + (lo < hi,) for lo, hi in s.parts(m)]
     shown = {"m_block": m, **({"n_block": j / t.block_n} if t.kv_unit == "blocks" else {}),
              "i": t.row_position(row), "j": j, **({"row": row} if t.qhead_per_kvhead > 1 else {}),
-             **_ranges_shown(t, m, s.g)}
+             **_ranges_shown(s, m)}
     visited = z3.Or(*(z3.And(nonempty, first <= j, j < end) for first, end, nonempty in read))
     return z3.Implies(premise, visited), (), shown
 
@@ -472,14 +672,14 @@ def in_bounds(s: _Symbolic):
     m = z3.Int("m_block")
     launched = z3.And(0 <= m, m * t.block_m < s.rows)
     inside = [z3.Implies(lo < hi, z3.And(0 <= first, end <= _key_limit(t, s)))
-              for (lo, hi), (first, end) in ((part, keys_of(t, *part)) for part in parts(t, m, s.g))]
-    return z3.Implies(launched, z3.And(*inside)), (), {"m_block": m, **_ranges_shown(t, m, s.g)}
+              for (lo, hi), (first, end) in ((part, keys_of(t, *part)) for part in s.parts(m))]
+    return z3.Implies(launched, z3.And(*inside)), (), {"m_block": m, **_ranges_shown(s, m)}
 
 
-def _ranges_shown(t, m, g) -> dict:
+def _ranges_shown(s: _Symbolic, m) -> dict:
     """The ranges of query block ``m`` as a counterexample shows them (in the kernel's own unit)."""
-    unit = "key blocks" if t.kv_unit == "blocks" else "keys"
-    ranges = parts(t, m, g)
+    unit = "key blocks" if s.tiling.kv_unit == "blocks" else "keys"
+    ranges = s.parts(m)
     if len(ranges) == 1:
         return {unit: _RangeShown(*ranges[0])}
     return {f"part {index} ({unit})": _RangeShown(lo, hi) for index, (lo, hi) in enumerate(ranges)}
@@ -493,17 +693,21 @@ def _key_limit(t, s):
 
 def mask_safe(s: _Symbolic):
     t = s.tiling
-    if "masked" not in _defined(t):
+    own_mask = t.element_mask is not None
+    if "masked" not in _defined(t) and not own_mask:
         return None
     m, n, row, j = z3.Ints("m_block n_block row j")
     claims = []
-    for lo, hi in parts(t, m, s.g):
+    for lo, hi in s.parts(m):
         first, end = keys_of(t, lo, hi)
         tile_first, tile_name = tile_at(t, lo, n)
-        in_tile = z3.And(lo < hi, 0 <= n, tile_first >= first, tile_first < end,
+        in_tile = z3.And(s.in_row_block(row, m), lo < hi, 0 <= n, tile_first >= first, tile_first < end,
                          tile_first <= j, j < tile_first + t.block_n, j < end)
-        unmasked = z3.And(s.in_row_block(row, m), in_tile, ops.not_(t.masked(m, tile_name, s.g)))
-        claims.append(z3.Implies(unmasked, s.allowed(row, j)))
+        masked = s.masked(m, tile_name) if "masked" in _defined(t) else z3.BoolVal(True)
+        claims.append(z3.Implies(z3.And(in_tile, z3.Not(masked)), s.allowed(row, j)))
+        if own_mask:  # where the kernel masks, its own mask keeps exactly the allowed pairs
+            kept = s.kernel.condition("element_mask", t.row_position(row), j).value
+            claims.append(z3.Implies(z3.And(in_tile, masked), kept == s.allowed(row, j)))
     shown = {"m_block": m, "tile": n, "i": t.row_position(row), "j": j}
     return z3.And(*claims), (), shown
 
@@ -513,8 +717,8 @@ def splits(s: _Symbolic):
     if t.num_splits == 1:
         return None
     m, j = z3.Ints("m_block j")
-    first, end = keys_of(t, *t.kv_blocks(m, s.g))
-    read = [keys_of(t, lo, hi) + (lo < hi,) for lo, hi in parts(t, m, s.g)]
+    first, end = keys_of(t, *s.range("kv_blocks", m))
+    read = [keys_of(t, lo, hi) + (lo < hi,) for lo, hi in s.parts(m)]
     whole = z3.And(first <= j, j < end)
     in_part = [z3.And(nonempty, a <= j, j < b) for a, b, nonempty in read]
     inside = [z3.Implies(p, whole) for p in in_part]
@@ -531,7 +735,7 @@ def backward_complete(s: _Symbolic):
     if t.q_blocks is None:
         return None
     n, row, j = z3.Ints("n_block row j")
-    lo, hi = t.q_blocks(n, s.g)
+    lo, hi = s.range("q_blocks", n)
     premise = z3.And(0 <= row, row < s.rows, n * t.block_n <= j, j < (n + 1) * t.block_n, s.allowed(row, j))
     claim = z3.And(lo * t.block_m <= row, row < hi * t.block_m)  # lo <= row // block_m < hi
     shown = {"n_block": n, "m_block": row / t.block_m, "i": t.row_position(row), "j": j, "m_min": lo, "m_max": hi}
@@ -543,7 +747,7 @@ def backward_in_bounds(s: _Symbolic):
     if t.q_blocks is None:
         return None
     n = z3.Int("n_block")
-    lo, hi = t.q_blocks(n, s.g)
+    lo, hi = s.range("q_blocks", n)
     visits = z3.And(0 <= n, n * t.block_n < s.len_k, lo < hi)
     return z3.Implies(visits, z3.And(0 <= lo, (hi - 1) * t.block_m < s.rows)), (), {"n_block": n, "m_min": lo,
                                                                                    "m_max": hi}
@@ -558,7 +762,7 @@ class _RangeShown:
         return f"[{render_value(model, self.lo)}, {render_value(model, self.hi)})"
 
 
-NOT_REPLAYED = ("in bounds", "backward complete", "backward in bounds")
+NOT_REPLAYED = ("backward complete", "backward in bounds", "int32")  # see _with_replay
 OBLIGATIONS = (
     ("complete", "every tile holding an allowed pair is visited", complete),
     ("in bounds", "no tile reads a key outside the tensor", in_bounds),
@@ -566,6 +770,7 @@ OBLIGATIONS = (
     ("splits", "the parts read disjoint keys, inside the range, and cover it", splits),
     ("backward complete", "q_blocks visits every query block whose tile holds an allowed pair", backward_complete),
     ("backward in bounds", "q_blocks stays inside the query blocks", backward_in_bounds),
+    ("int32", "the kernel's int32 arithmetic (wrapping) computes the proven values", lambda s: int32_semantics(s)),
 )
 
 
@@ -576,8 +781,14 @@ def _defined(tiling) -> set[str]:
 
 def check_family(tiling: KernelTiling, family: MaskFamily, budget: Budget) -> list[tuple[str, Proof, _Symbolic]]:
     """Every obligation that applies, for one family: ``[(name, proof, symbols)]``."""
-    out = []
+    return list(each_check(tiling, family, budget))
+
+
+def each_check(tiling: KernelTiling, family: MaskFamily, budget: Budget, names=None):
+    """:func:`check_family` one obligation at a time (``names``: only those), for callers that stop early."""
     for name, theorem, build in OBLIGATIONS:
+        if names is not None and name not in names:
+            continue
         s = _Symbolic(tiling, family)
         built = build(s)
         if built is None:
@@ -589,8 +800,7 @@ def check_family(tiling: KernelTiling, family: MaskFamily, budget: Budget) -> li
             smallest = _smallest_counterexample(query, s, budget)
             if smallest is not None:
                 proof = proof.but(countermodel=render(smallest, query.show), model=smallest)
-        out.append((name, proof, s))
-    return out
+        yield name, proof, s
 
 
 def _smallest_counterexample(query: Query, s: _Symbolic, budget: Budget):
@@ -644,7 +854,7 @@ def waste(tiling: KernelTiling, family: MaskFamily, budget: Budget) -> Proof | N
     start_time = time.perf_counter()
     s = _Symbolic(tiling, family)
     m = z3.Int("m_block")
-    lo, hi = tiling.kv_blocks(m, s.g)
+    lo, hi = s.range("kv_blocks", m)
     need_lo, need_hi = schedule.kv_block_range(m, s.g, tiling.block_m, tiling.block_n)
     below = ops.maximum(0, ops.minimum(hi, need_lo) - lo)
     above = ops.maximum(0, hi - ops.maximum(lo, need_hi))
@@ -674,21 +884,19 @@ def waste(tiling: KernelTiling, family: MaskFamily, budget: Budget) -> Proof | N
 
 def int32_limit(tiling: KernelTiling, family: MaskFamily, budget: Budget) -> Proof | None:
     """The smallest shape (least ``len_q + len_k + window bounds``, then least block indices) at
-    which an index expression of the tiling leaves int32 (Z3 Optimize over exact integers).
+    which an index expression of the tiling first leaves int32, on exact integers: information,
+    the obligation is :func:`int32_semantics` (whether that overflow changes what the kernel computes).
 
     Every input is an int32 (``[0, 2**31)``). An output counts only where the kernel computes it:
     ``kv_blocks``/``split`` of a launched query block, ``masked`` on a visited tile, ``q_blocks`` of
-    an existing key block. Below the shape found, int32 arithmetic computes the unbounded values,
-    so the obligations proved over unbounded integers hold for the kernel's int32 code.
+    an existing key block.
     """
     if tiling.int_bits is None:
         return None
     start = time.perf_counter()
     s = _Symbolic(tiling, family)
     m, n = z3.Ints("m_block n_block")
-    checked = family.geometry(*(_Checked(x) if not isinstance(x, int) else x
-                                for x in (s.len_q, s.len_k, s.left, s.right)))
-    outputs = _checked_outputs(tiling, s, checked, _Checked(m), _Checked(n))
+    outputs = _outputs(s.kernel, s, m, n)
     claim = f"[{family.name}] int32: the smallest shape at which an index expression overflows"
     premises = [*(z3.And(x >= 0, x <= INT32[1]) for x in (*s.inputs, m, n)), *(f for _, f in s.hypotheses())]
     overflow = z3.Or(*(z3.And(used, value.overflow) for _, used, value in outputs))
@@ -703,34 +911,64 @@ def int32_limit(tiling: KernelTiling, family: MaskFamily, budget: Budget) -> Pro
     seconds = time.perf_counter() - start
     if model is None:
         return Proof(claim, "z3", UNKNOWN, queries=1, seconds=seconds, detail=f"z3: {probe.reason_unknown()}")
-    where = next(name for name, used, value in outputs
+    where = next(name.rsplit(" ", 1)[0] for name, used, value in outputs
                  if z3.is_true(model.eval(z3.And(used, value.overflow), model_completion=True)))
     shown = ", ".join(f"{k} = {v}" for k, v in render(model, {**s.shape(), "m_block": m, "n_block": n}).items())
     return Proof(f"{claim}: {shown} (in {where})", "z3", PROVED, queries=1, seconds=seconds,
                  detail=f"int32: first overflow at {shown}, in {where}")
 
 
-def _checked_outputs(tiling, s: _Symbolic, g, m, n):
-    """``[(name, used, value)]``: what the kernel computes at query block ``m`` / key block ``n``."""
-    launched = z3.And(0 <= m.value, m.value * tiling.block_m < s.rows)
-    lo, hi = (_Checked.lift(x) for x in tiling.kv_blocks(m, g))
-    outputs = [("kv_blocks", launched, lo), ("kv_blocks", launched, hi)]
-    if "masked" in _defined(tiling):
-        visited = z3.And(launched, lo.value <= n.value, n.value < hi.value)
-        outputs.append(("masked", visited, _as_checked(tiling.masked(m, n, g))))
-    for split_idx in range(tiling.num_splits if tiling.num_splits > 1 else 0):
-        outputs += [(f"split {split_idx}", launched, _Checked.lift(x)) for x in tiling.split(m, split_idx, g)]
-    if tiling.q_blocks is not None:
-        exists = z3.And(0 <= n.value, n.value * tiling.block_n < s.len_k)
-        outputs += [("q_blocks", exists, _Checked.lift(x)) for x in tiling.q_blocks(n, g)]
+def int32_semantics(s: _Symbolic):
+    """The obligation of ``int_bits = 32``: for every int32 input the launch allows, the kernel's
+    int32 arithmetic (wrapping) computes the values every other obligation is proved for.
+
+    Those obligations hold over unbounded integers; where the wrapped values equal the exact ones,
+    they hold for the int32 kernel. An overflow that changes a range or a masking decision is a
+    refutation, shown with both values at the smallest shape."""
+    t = s.tiling
+    if t.int_bits is None:
+        return None
+    m, n = z3.Ints("m_block n_block")
+    exact, wrapped = _outputs(s.kernel, s, m, n), _outputs(s.view(_Wrapped), s, m, n)
+    same = [z3.Implies(used, a.value == b.value) for (_, used, a), (_, _, b) in zip(exact, wrapped)]
+    int32_inputs = ("every input is an int32", z3.And(*(x <= INT32[1] for x in (*s.inputs, m, n)), m >= 0, n >= 0))
+    shown = {"m_block": m, "n_block": n}
+    for (name, _, a), (_, _, b) in zip(exact, wrapped):
+        shown[name] = _Int32Shown(a.value, b.value)
+    return z3.And(*same), (int32_inputs,), shown
+
+
+@dataclass(frozen=True)
+class _Int32Shown:
+    """An output in an int32 counterexample: ``5`` when wrapping keeps it, ``5 (int32: -3)`` when not."""
+
+    exact: object
+    wrapped: object
+
+    def render(self, model) -> str:
+        exact, wrapped = render_value(model, self.exact), render_value(model, self.wrapped)
+        return exact if exact == wrapped else f"{exact} (int32: {wrapped})"
+
+
+def _outputs(view: _KernelView, s: _Symbolic, m, n):
+    """``[(name, used, value)]``: what the kernel computes at query block ``m`` / key block ``n``, in
+    ``view``'s semantics (conditions as 0/1)."""
+    t = s.tiling
+    launched = z3.And(0 <= m, m * t.block_m < s.rows)
+    lo, hi = view.range("kv_blocks", m)
+    outputs = [("kv_blocks lo", launched, lo), ("kv_blocks hi", launched, hi)]
+    if "masked" in _defined(t):
+        visited = z3.And(launched, lo.value <= n, n < hi.value)
+        flag = view.condition("masked", m, n)
+        outputs.append(("masked", visited, _Checked(z3.If(flag.value, 1, 0), flag.overflow)))
+    for split_idx in range(t.num_splits if t.num_splits > 1 else 0):
+        lo, hi = view.range("split", m, split_idx)
+        outputs += [(f"split {split_idx} lo", launched, lo), (f"split {split_idx} hi", launched, hi)]
+    if t.q_blocks is not None:
+        exists = z3.And(0 <= n, n * t.block_n < s.len_k)
+        lo, hi = view.range("q_blocks", n)
+        outputs += [("q_blocks lo", exists, lo), ("q_blocks hi", exists, hi)]
     return outputs
-
-
-def _as_checked(x):
-    if isinstance(x, (_Flag, bool)):
-        x = _flag(x)
-        return _Checked(z3.If(x.value, 1, 0), x.overflow)
-    return _Checked.lift(x)
 
 
 # ---------------------------------------------------------------------------- counterexamples become cases
@@ -744,7 +982,7 @@ def counterexample_case(proof: Proof, s: _Symbolic, impl: str, folders: ReproFol
     value = {str(x): proof.model.eval(x, model_completion=True).as_long() for x in s.inputs}
     len_q, len_k = value["Sq"], value["Sk"]
     heads = s.tiling.qhead_per_kvhead
-    if len_q * len_k * heads > max_elements:
+    if max(len_q * len_k, len_q + len_k) * heads > max_elements:  # the scores, or the inputs themselves
         return f"shape too large to replay ({len_q} x {len_k} x {heads} scores)"
     window = None
     if s.family.window:
@@ -821,7 +1059,8 @@ def _refuse_unsupported(tiling, spec):
         if family_of(g).name not in tiling.masks:
             raise NotImplementedError(f"{name}: mask family {family_of(g).name!r} not in masks={tiling.masks}")
         if not tiling.requires(g):
-            raise NotImplementedError(f"{name}: requires(g) rejects len_q={g.len_q}, len_k={g.len_k}")
+            raise NotImplementedError(f"{name}: requires(g) rejects len_q={g.len_q}, len_k={g.len_k}, "
+                                      f"window={g.window}: the kernel does not accept this shape")
 
 
 def _tiled_forward(tiling, spec, q, k, v):
@@ -852,9 +1091,11 @@ def _tiled_forward(tiling, spec, q, k, v):
                 state = empty_state((spec.heads_kv, group // pack, len(rows)), spec.head_dim_v, dtype=dtype,
                                     device=q.device)
                 for tile, cols in _tiles(tiling, lo, hi):
+                    _guard_read(tiling, m, cols, g.len_k)
                     masked = tiling.masked(m, tile, g)
                     k_tile, v_tile = _read_keys(keys, values, cols, g.len_k, unmasked=not masked)
-                    allowed = may_attend(positions[:, None], cols[None, :], g) if masked else None
+                    kept = may_attend if tiling.element_mask is None else tiling.element_mask
+                    allowed = kept(positions[:, None], cols[None, :], g) if masked else None
                     s, _ = tile_scores(packed[:, :, rows], k_tile, spec.scale, spec.softcap, allowed)
                     state = merge(state, block_state(s, v_tile))
                 partials.append(state)
@@ -879,6 +1120,19 @@ def _tiles(tiling, lo, hi):
         return
     for first in range(lo, hi, bn):
         yield first, torch.arange(first, min(first + bn, hi) if tiling.clips_last_tile else first + bn)
+
+
+class OutOfBoundsRead(RuntimeError):
+    """The tiling made the executor read a key outside what the *in bounds* obligation allows."""
+
+
+def _guard_read(tiling, m_block, cols, len_k):
+    """Refuse a read outside ``[0, len_k)`` (a block loop: to the end of its ragged last block), as a
+    guarded load would report it: the read a refuted *in bounds* names is visible, masked or not."""
+    limit = len_k if tiling.kv_unit == "keys" else ops.cdiv(len_k, tiling.block_n) * tiling.block_n
+    if len(cols) and (int(cols[0]) < 0 or int(cols[-1]) >= limit):
+        raise OutOfBoundsRead(f"{type(tiling).__name__}: query block {m_block} reads keys [{int(cols[0])}, "
+                              f"{int(cols[-1]) + 1}) outside [0, {limit}) of the key tensor")
 
 
 def _read_keys(keys, values, cols, len_k, unmasked):
@@ -914,8 +1168,27 @@ def kernel_obligations(specs, repro_dir=REPRO_DIR) -> list[tuple[int, TilingObli
     """``[(number, obligation)]`` for ``--kernel`` specs, numbered in order; ValueError names a bad one.
     ``repro_dir``: where refutations leave their cases, started afresh by this run (None: nowhere)."""
     tilings = [(cls, spec) for spec in specs for cls in load_tilings(spec)]
+    for cls, _ in tilings:
+        for tiling in (cls, *cls.controls, _one_tile_short(cls)):
+            try:
+                read_hooks(tiling)
+            except TilingError as error:
+                raise ValueError(f"argument '--kernel': {error}") from None
     folders = None if repro_dir is None else ReproFolders(repro_dir)
     return [(number, TilingObligation(cls, spec, folders)) for number, (cls, spec) in enumerate(tilings, start=1)]
+
+
+def read_hooks(cls: type) -> None:
+    """Evaluate every hook of a tiling once per family, symbolically: a transcription mistake (a Python
+    ``if`` on a length, ``/``, a range of one value, ``g.window`` unpacked where there is none)
+    becomes one :class:`TilingError` line before anything is proved."""
+    tiling = cls()
+    for family in (MASK_FAMILIES[name] for name in tiling.masks):
+        s = _Symbolic(tiling, family)
+        s.hypotheses()
+        _outputs(s.kernel, s, *z3.Ints("m_block n_block"))
+        if tiling.element_mask is not None:
+            s.kernel.condition("element_mask", *z3.Ints("i j"))
 
 
 def implementation_name(cls: type, origin: str) -> str:
@@ -934,46 +1207,82 @@ class TilingObligation:
         self.__name__ = implementation_name(cls, origin)
         self.TITLE = f"kernel {cls.__name__}"
         self.__doc__ = cls.__doc__ or ""
-        self.CONTROLS = [TilingControl(variant, origin, folders) for variant in cls.controls]
-        self.CONTROLS.append(TilingControl(_one_tile_short(cls), origin, None))
+        self.CONTROLS = [TilingControl(variant, cls, origin, folders) for variant in cls.controls]
+        self.CONTROLS.append(TilingControl(_one_tile_short(cls), cls, origin, None))
 
     def checks(self, settings, budget: Budget):
         tiling = self.cls()
+        verdicts, overflows = {}, []
         for family in (MASK_FAMILIES[name] for name in tiling.masks):
             for name, proof, s in check_family(tiling, family, budget):
+                verdicts.setdefault(family.name, {})[name] = proof.status
                 yield _with_replay(proof, s, self.__name__, self.folders, name)
             for report in filter(None, (waste(tiling, family, budget), int32_limit(tiling, family, budget))):
+                if report.detail.startswith("int32: first overflow"):
+                    overflows.append(f"[{family.name}] {report.detail.removeprefix('int32: first overflow ')}")
                 yield report
+        yield Proof(f"families of {self.cls.__name__}", "summary", PROVED,
+                    detail=_families_line(verdicts, overflows[:1]))
+
+
+def _families_line(verdicts: dict[str, dict[str, str]], overflows) -> str:
+    """``proved for dense, bottom_right; refuted for window (complete, mask-safe)``, and the first overflow."""
+    proved = [family for family, checks in verdicts.items() if all(v == PROVED for v in checks.values())]
+    failed = [f"{family} ({', '.join(name if v == REFUTED else f'{name}: {v}' for name, v in checks.items() if v != PROVED)})"
+              for family, checks in verdicts.items() if family not in proved]
+    parts = [f"proved for {', '.join(proved) or 'no family'}"] + ([f"not for {'; '.join(failed)}"] if failed else [])
+    return "; ".join(parts + [f"first int32 overflow {text}" for text in overflows])
+
+
+_BASE_VERDICTS: dict[tuple, str] = {}  # (tiling class, family, check): status, once per process
+
+
+def base_verdict(cls: type, family: MaskFamily, check: str, budget: Budget) -> str:
+    """What the base tiling's ``check`` gives for one family (the reference a control is judged against)."""
+    key = (cls, family.name, check)
+    if key not in _BASE_VERDICTS:
+        found = [proof.status for _, proof, _ in each_check(cls(), family, budget, names=(check,))]
+        _BASE_VERDICTS[key] = found[0] if found else f"no such check for {cls.__name__}"
+    return _BASE_VERDICTS[key]
 
 
 class TilingControl:
-    """A wrong variant: some obligation, for some family it claims, must be refuted."""
+    """A wrong variant of ``base``: refuted only by a refutation in a family and check that the base
+    tiling proves. A variant refuted only where the base fails too shows nothing about the checks:
+    it is reported as *not a control*, and the run fails."""
 
-    def __init__(self, variant: type, origin: str, folders: ReproFolders | None):
-        self.variant, self.origin, self.folders = variant, origin, folders
+    def __init__(self, variant: type, base: type, origin: str, folders: ReproFolders | None):
+        self.variant, self.base, self.origin, self.folders = variant, base, origin, folders
         self.name = variant.__name__
         self.breaks = variant.breaks or "(no description)"
-        owner = variant.__mro__[1].__name__
-        self.replaces = ", ".join(f"{owner}.{hook}" for hook in variant.overrides()) or owner
+        self.replaces = ", ".join(f"{base.__name__}.{hook}" for hook in variant.overrides()) or base.__name__
 
     def run(self, settings, budget: Budget) -> Proof:
         tiling = self.variant()
         impl = implementation_name(self.variant, self.origin) if self.folders else None
-        last = None
-        for family in (MASK_FAMILIES[name] for name in tiling.masks):
-            for name, proof, s in check_family(tiling, family, budget):
-                if proof.status == REFUTED:
+        also_in_base = []
+        everything_but_int32 = [name for name, _, _ in OBLIGATIONS if name != "int32"]
+        searched = [(family, names) for names in (everything_but_int32, ("int32",))  # int32 last: its queries cost most
+                    for family in (MASK_FAMILIES[name] for name in tiling.masks)]
+        for family, names in searched:
+            for name, proof, s in each_check(tiling, family, budget, names):
+                if proof.status != REFUTED:
+                    continue
+                base = base_verdict(self.base, family, name, budget)
+                if base == PROVED:
                     return _with_replay(proof, s, impl, self.folders, name)
-                last = proof
-        return last or Proof(f"{self.name} is refuted", "z3", UNKNOWN, detail="no obligation applied")
+                also_in_base.append(f"[{family.name}] {name} (the base tiling: {base})")
+        why = (f"refuted only where {self.base.__name__} is not proved either: {'; '.join(also_in_base)}"
+               if also_in_base else "no check refuted it")
+        return Proof(f"{self.name} is refuted", "z3", UNKNOWN, detail=f"not a control: {why}")
 
 
 def _with_replay(proof: Proof, s: _Symbolic, impl, folders: ReproFolders | None, obligation) -> Proof:
     """The proof, with the battery case of a refutation whose effect the executor's output shows.
 
-    Not for ``in bounds`` (a read outside the tensor that the mask then removes changes no output;
-    one that stays unmasked also refutes mask-safety, which writes the case) nor for ``backward``
-    (the executor's backward is autograd of its forward, not the tiling's ``q_blocks``).
+    An ``in bounds`` case fails on the executor, which refuses the read (:func:`_guard_read`). Not for
+    ``backward`` (the executor's backward is autograd of its forward, not the tiling's ``q_blocks``)
+    nor ``int32`` (its shapes have ~2**31 keys, and the executor computes on Python ints).
     """
     if proof.status != REFUTED or impl is None or folders is None or obligation in NOT_REPLAYED:
         return proof
@@ -993,7 +1302,7 @@ def _one_tile_short(cls: type) -> type:
         lo, hi = cls.split(self, m_block, split_idx, g)
         return lo, ops.minimum(hi, cls.kv_blocks(self, m_block, g)[1] - step)
 
-    body = {"kv_blocks": kv_blocks, "controls": (), "__module__": cls.__module__,
+    body = {"kv_blocks": kv_blocks, "controls": (), "__module__": cls.__module__, "_generated": True,
             "breaks": "the generic control: every range one tile short at the top"}
     if cls.num_splits > 1:
         body["split"] = split

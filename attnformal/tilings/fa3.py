@@ -40,6 +40,7 @@ class FA3Forward(KernelTiling):
 
         FA3 turns a window with no left bound and right bound 0 into causal; a symbolic right
         bound stays local, where ``n_idx + window_size_right`` reads the same for 0.
+        interface.py:388-408.
         """
         left, right = window_size(g)
         if g.causal == "bottom_right":
@@ -51,6 +52,7 @@ class FA3Forward(KernelTiling):
     # -- block_info.py
 
     def get_n_block_min_max(self, m_block, g, split_idx=None):
+        """block_info.py:28-69."""
         is_causal, is_local, window_size_left, window_size_right = self.resolve(g)
         n_block_max = self.ceil_div(g.len_k, self.block_n)
         if is_causal or (is_local and window_size_right is not None):
@@ -77,6 +79,7 @@ class FA3Forward(KernelTiling):
         return n_block_min, n_block_max
 
     def get_m_block_min_max(self, n_block, g):
+        """block_info.py:71-85."""
         is_causal, is_local, window_size_left, window_size_right = self.resolve(g)
         m_block_max = self.ceil_div(g.len_q, self.block_m)
         m_block_min = 0
@@ -93,6 +96,7 @@ class FA3Forward(KernelTiling):
         return m_block_min, m_block_max
 
     def get_n_block_min_causal_local_mask(self, m_block, n_block_min, g):
+        """block_info.py:118-136."""
         _, is_local, _, window_size_right = self.resolve(g)
         m_idx_min = m_block * self.block_m
         if self.qhead_per_kvhead > 1:
@@ -102,6 +106,7 @@ class FA3Forward(KernelTiling):
         return ops.maximum(n_block_min, self.div(n_idx_right, self.block_n))
 
     def get_n_block_min_before_local_mask(self, m_block, n_block_min, g):
+        """block_info.py:137-154."""
         _, is_local, window_size_left, _ = self.resolve(g)
         if not is_local or window_size_left is None:
             return n_block_min
@@ -118,6 +123,8 @@ class FA3Forward(KernelTiling):
         return self.get_n_block_min_max(m_block, g)
 
     def masked(self, m_block, n_block, g):
+        """hopper/mainloop_fwd_sm90_tma_gmma_ws.hpp:1307-1335: first_iter_mask_fn, then mask_fn down to
+        n_block_min_causal_local_mask, no_mask_fn down to n_block_min_before_local_mask, local_mask_fn."""
         is_causal, is_local, _, _ = self.resolve(g)
         n_block_min, n_block_max = self.get_n_block_min_max(m_block, g)
         first = n_block == n_block_max - 1  # the first iteration: sequence (and causal/local) mask

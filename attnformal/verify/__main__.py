@@ -173,7 +173,7 @@ def _executor(p: argparse.ArgumentParser, settings: Settings):
 def _replay(settings: Settings, executor, path: Path) -> int:
     _, result = next(executor.map([Task("replay", str(path))]))
     print(describe_replay(path, result))
-    return 1 if result.failed else 0
+    return 1 if result.failed else EXIT_CODES["NOTHING VERIFIED"] if result.status == "unsupported" else 0
 
 
 def _run(args, settings: Settings, executor, baseline) -> int:

@@ -279,6 +279,8 @@ def _conclude(settings: Settings, run: CheckRun, result: CheckResult):
     if unsupported:
         first = unsupported[0]
         what = ", ".join(sorted(refused[id(first)])) or "the combination " + (", ".join(first.features) or "forward")
+        if run.caps_for(first.case.dtype) is None:  # not probed one feature at a time: the case's, not the reason
+            what = f"a case with {', '.join(first.features) or 'no feature'}"
         result.details.append(f"{len(unsupported)}/{len(records)} cases unsupported (refused: {what}): "
                               f"{first.message}")
     for r in required:

@@ -12,10 +12,10 @@ import torch
 import z3
 
 from attnformal import ops
-from attnformal.logic import PROVED, REFUTED, VACUOUS, Budget
+from attnformal.logic import PROVED, REFUTED, UNKNOWN, VACUOUS, Budget
 from attnformal.prove import main as prove_main
-from attnformal.tiling import (MASK_FAMILIES, KernelTiling, check_family, family_of, int32_limit, kernel_obligations,
-                               waste)
+from attnformal.tiling import (MASK_FAMILIES, KernelTiling, ReproFolders, TilingControl, check_family, family_of,
+                               int32_limit, kernel_obligations, load_tilings, waste, window_size)
 from attnformal.masks import MaskGeometry
 
 
@@ -74,16 +74,82 @@ def test_family_of_a_concrete_geometry():
     assert family_of(MaskGeometry(4, 6, None, (-1, -1))).name == "dense"
 
 
-def test_symbolic_lengths_in_a_python_if_get_a_clear_error():
-    class Branchy(Causal):
-        def kv_blocks(self, m_block, g):
-            return 0, g.len_k if g.len_k < g.len_q else g.len_q
+MISTAKES = '''
+from attnformal import ops
+from attnformal.tiling import KernelTiling
 
-    with pytest.raises(z3.Z3Exception):
-        verdicts(Branchy(), "dense")
-    tiling = type("Branchy32", (Branchy,), {"int_bits": 32})()
-    with pytest.raises(TypeError, match="ops.where"):
-        int32_limit(tiling, MASK_FAMILIES["dense"], Budget(60))
+
+class Base(KernelTiling):
+    block_m, block_n = 16, 8
+    masks = ("dense", "bottom_right")
+
+    def kv_blocks(self, m_block, g):
+        return 0, self.ceil_div(g.len_k, self.block_n)
+
+
+class PythonIf(Base):
+    def kv_blocks(self, m_block, g):
+        return 0, g.len_k if g.len_k < g.len_q else g.len_q
+
+
+class PythonMin(Base):
+    def kv_blocks(self, m_block, g):
+        return 0, min(self.ceil_div(g.len_k, 8), m_block + 1)
+
+
+class Slash(Base):
+    division = "trunc"
+
+    def kv_blocks(self, m_block, g):
+        return 0, (g.len_k + 7) / 8
+
+
+class FloorSlash(Base):
+    def kv_blocks(self, m_block, g):
+        return 0, (g.len_k + 7) // 8
+
+
+class OneValue(Base):
+    def kv_blocks(self, m_block, g):
+        return self.ceil_div(g.len_k, 8)
+
+
+class UnpacksWindow(Base):
+    def kv_blocks(self, m_block, g):
+        left, right = g.window
+        return 0, self.ceil_div(g.len_k + right, 8)
+
+
+class NoLoop(KernelTiling):
+    masks = ("dense",)
+
+
+class MaskedInt(Base):
+    def masked(self, m_block, n_block, g):
+        return n_block
+'''
+
+
+@pytest.mark.parametrize("name, message", [
+    ("PythonIf", "PythonIf.kv_blocks (mask family dense): a symbolic length or index met a Python if"),
+    ("PythonMin", "PythonMin.kv_blocks (mask family dense): a symbolic length or index met a Python if/and/or/not, "
+                  "min() or max()"),
+    ("Slash", "Slash.kv_blocks (mask family dense): '/' on a kernel integer: write self.div(a, b)"),
+    ("FloorSlash", "FloorSlash.kv_blocks (mask family dense): '//' on a kernel integer: write self.div(a, b)"),
+    ("OneValue", "OneValue.kv_blocks (mask family dense): expected a pair (lo, hi), a half-open range; got one value"),
+    ("UnpacksWindow", "UnpacksWindow.kv_blocks (mask family dense): g.window is None in a mask family without a "
+                      "window"),
+    ("NoLoop", "NoLoop must define kv_blocks"),  # the user's class, not its generated control NoLoopOneTileShort
+    ("MaskedInt", "MaskedInt.masked (mask family dense): expected a condition"),
+])
+def test_each_transcription_mistake_is_one_line_naming_the_class_and_method(tmp_path, capsys, name, message):
+    path = tmp_path / "mistakes.py"
+    path.write_text(MISTAKES)
+    with pytest.raises(SystemExit) as exit_info:
+        prove_main(["--kernel", f"{path}:{name}"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in err and "Traceback" not in err
+    assert len([line for line in err.splitlines() if "error:" in line]) == 1
 
 
 # ---------------------------------------------------------------------------- obligations
@@ -229,3 +295,183 @@ def test_bad_kernel_arguments_give_one_clear_error(spec, message, capsys):
         prove_main(["--kernel", spec])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- what used to pass and must not
+
+
+INT_MAX = 2**31 - 1
+
+
+class IntMaxWindow(KernelTiling):
+    """An FA2 port that writes an unbounded window side as INT_MAX, in C++ int (the issue's first tiling)."""
+
+    block_m, block_n = 128, 64
+    division = "trunc"
+    int_bits = 32
+    masks = ("window_left",)
+
+    def kv_blocks(self, m_block, g):
+        left, right = window_size(g)
+        right = INT_MAX if right is None else right
+        n_block_min = ops.maximum(0, self.div(m_block * self.block_m + g.len_k - g.len_q - left, self.block_n))
+        n_block_max = ops.minimum(self.ceil_div(g.len_k, self.block_n), self.ceil_div(
+            (m_block + 1) * self.block_m + g.len_k - g.len_q + right, self.block_n))
+        return n_block_min, n_block_max
+
+
+def test_an_int32_overflow_that_changes_a_bound_is_refuted_at_the_smallest_shape():
+    unbounded = type("Unbounded", (IntMaxWindow,), {"int_bits": None, "requires": lambda self, g: g.len_q <= INT_MAX})
+    assert {p.status for p in verdicts(unbounded(), "window_left").values()} == {PROVED}  # right on exact integers
+    proof = verdicts(IntMaxWindow(), "window_left")["int32"]
+    assert proof.status == REFUTED
+    shown = proof.countermodel
+    assert (shown["Sq"], shown["Sk"], shown["window"]) == ("1", "0", "(0, -)")
+    wrapped = int(((128 + 0 - 1 + INT_MAX + 63 + 2**31) % 2**32 - 2**31) / 64)  # C: wraps, then truncates
+    assert shown["kv_blocks hi"] == f"0 (int32: {wrapped})"
+
+
+def test_an_overflow_that_wraps_back_is_not_a_refutation():
+    # (m_block + 1) * block_m + len_k passes 2**31 before - len_q brings it back: int32 wraps to the exact value
+    launched = type("Launched", (Causal,), {"int_bits": 32, "requires": lambda self, g: g.len_k < 2**30})()
+    assert verdicts(launched, "bottom_right")["int32"].status == PROVED
+    assert "kv_blocks" in int32_limit(launched, MASK_FAMILIES["bottom_right"], Budget(60)).detail  # yet it overflows
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"mask": ("dense", "bottom_right")}, "Bad.mask: KernelTiling has no attribute 'mask'; did you mean `masks`?"),
+    ({"divison": "trunc"}, "Bad.divison: KernelTiling has no attribute 'divison'; did you mean `division`?"),
+    ({"kv_block": lambda self, m, g: (0, 1)}, "Bad.kv_block: KernelTiling has no method 'kv_block'; did you mean "
+                                              "`kv_blocks`?"),
+    ({"masks": lambda self: ()}, "Bad.masks"),
+    ({"masked": ("dense",)}, "Bad.masked: is a method of KernelTiling"),
+])
+def test_an_unknown_name_is_refused_with_the_closest_known_one(body, message):
+    with pytest.raises(TypeError) as error:
+        type("Bad", (Causal,), body)
+    assert message in str(error.value)
+
+
+def test_a_name_set_after_the_class_is_checked_too():
+    late = type("Late", (Causal,), {})
+    with pytest.raises(TypeError, match="did you mean `controls`"):
+        late.control = ()
+
+
+def test_a_helper_method_of_the_transcription_is_allowed():
+    helper = type("Helper", (Causal,), {"get_n_block_min_max": lambda self, m, g: (0, 1)})
+    assert "get_n_block_min_max" in vars(helper)
+
+
+def test_the_doc_table_does_not_write_ceil_div_with_slash():
+    assert "(a + b - 1) / b" not in DOC.read_text() and "(a + b - 1) / b" not in KernelTiling.ceil_div.__doc__
+
+
+class HalfRight(Causal):
+    """Right for dense, top-left (wrong) for bottom_right."""
+
+    def kv_blocks(self, m_block, g):
+        n_max = self.ceil_div(g.len_k, self.block_n)
+        if g.causal:
+            n_max = ops.minimum(n_max, self.ceil_div((m_block + 1) * self.block_m, self.block_n))
+        return 0, n_max
+
+
+class SameAsHalfRight(HalfRight):
+    breaks = "nothing: the base tiling itself"
+
+
+class DenseOneShort(HalfRight):
+    breaks = "the dense range one block short"
+
+    def kv_blocks(self, m_block, g):
+        lo, hi = HalfRight.kv_blocks(self, m_block, g)
+        return lo, hi - (0 if g.causal else 1)
+
+
+def test_a_control_refuted_only_where_its_base_fails_is_not_a_control():
+    vacuous = TilingControl(SameAsHalfRight, HalfRight, "tests:SameAsHalfRight", None).run(None, Budget(60))
+    assert vacuous.status == UNKNOWN and vacuous.countermodel is None
+    assert vacuous.detail.startswith("not a control: refuted only where HalfRight is not proved either: "
+                                     "[bottom_right] complete (the base tiling: refuted)")
+    real = TilingControl(DenseOneShort, HalfRight, "tests:DenseOneShort", None).run(None, Budget(60))
+    assert real.status == REFUTED and real.case == "dense"
+
+
+def test_a_vacuous_control_fails_the_run(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "vacuous.py"
+    path.write_text(MISTAKES + "\n\nclass Same(Base):\n    breaks = 'nothing'\n\n\nBase.controls = (Same,)\n")
+    monkeypatch.chdir(tmp_path)
+    assert prove_main(["--kernel", f"{path}:Base"]) == 1  # Base itself is proved; its control is not one
+    out = capsys.readouterr().out
+    assert "proved for dense, bottom_right" in out and "control 'Same' of obligation 1 was NOT refuted" in out
+    assert "not a control: no check refuted it" in out
+
+
+def test_an_in_bounds_refutation_replays_as_a_failing_read(tmp_path, monkeypatch, capsys):
+    from attnformal.verify.__main__ import main as verify_main
+
+    path = user_file(tmp_path)
+    with path.open("a") as handle:
+        handle.write("\n\nclass OnePast(MyKernel):\n    breaks = 'one block past the keys'\n\n"
+                     "    def kv_blocks(self, m_block, g):\n        lo, hi = MyKernel.kv_blocks(self, m_block, g)\n"
+                     "        return lo, hi + 1\n")
+    monkeypatch.chdir(tmp_path)
+    one_past = load_tilings(f"{path}:OnePast")[0]
+    proof = TilingControl(one_past, one_past.__mro__[1], f"{path}:OnePast", ReproFolders(tmp_path / "repro")).run(
+        None, Budget(60))
+    assert proof.status == REFUTED and "in bounds" in proof.claim and "replay:" in proof.detail
+    case = proof.detail.split("--replay ")[1]
+    capsys.readouterr()
+    assert verify_main(["--impl", f"{path}:OnePast", "--replay", case]) == 1
+    assert "raised OutOfBoundsRead: OnePast: query block 0 reads keys [0, 64) outside [0, 0)" in capsys.readouterr().out
+    assert verify_main(["--impl", f"{path}:MyKernel", "--replay", case]) == 0
+
+
+def test_an_unsupported_replay_exits_3_and_says_requires(tmp_path, monkeypatch, capsys):
+    from attnformal.verify.__main__ import main as verify_main
+
+    path = user_file(tmp_path)
+    with path.open("a") as handle:
+        handle.write("\n\nclass Square(MyKernel):\n    def requires(self, g):\n        return g.len_q == g.len_k\n")
+    monkeypatch.chdir(tmp_path)
+    obligation = kernel_obligations([f"{path}:MyKernel"], tmp_path / "repro")[0][1]
+    proof = next(c for c in obligation.CONTROLS if c.name == "MyKernelTopLeft").run(None, Budget(60))
+    case = proof.detail.split("--replay ")[1]  # Sq = 1, Sk = 129
+    capsys.readouterr()
+    assert verify_main(["--impl", f"{path}:Square", "--replay", case]) == 3
+    out = capsys.readouterr().out
+    assert "requires(g) rejects len_q=1, len_k=129" in out and "refused: lse" not in out
+
+
+class OwnMask(Causal):
+    """FA2's element-wise causal mask (mask.h: col_idx_limit_right = min(max_seqlen_k, row_idx + 1 +
+    max_seqlen_k - max_seqlen_q)) instead of the spec's, on the tiles the kernel masks."""
+
+    def element_mask(self, i, j, g):
+        right = ops.minimum(g.len_k, i + 1 + g.len_k - g.len_q) if g.causal else g.len_k
+        return j < right
+
+
+class OwnMaskTopLeft(OwnMask):
+    breaks = "the element-wise mask aligned top-left (row_idx + 1, the max_seqlen_k - max_seqlen_q dropped)"
+
+    def element_mask(self, i, j, g):
+        return j < (ops.minimum(g.len_k, i + 1) if g.causal else g.len_k)
+
+
+def test_a_kernels_own_element_mask_is_proven_against_the_spec(tmp_path):
+    assert verdicts(OwnMask(), "bottom_right")["mask-safe"].status == PROVED
+    proof = verdicts(OwnMaskTopLeft(), "bottom_right")["mask-safe"]
+    assert proof.status == REFUTED
+    shown = proof.countermodel
+    i, j, len_q, len_k = (int(shown[k]) for k in ("i", "j", "Sq", "Sk"))
+    allowed, kept = j <= i + len_k - len_q and j < len_k, j < min(len_k, i + 1)
+    assert allowed != kept and len_q + len_k == 3  # the smallest shapes where the alignments differ
+
+
+def test_the_executor_applies_the_kernels_element_mask():
+    q, k, v = (torch.randn(1, 1, n, 8, generator=torch.Generator().manual_seed(n)) for n in (20, 5, 5))
+    right = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(20, 5).tril(5 - 20).bool())
+    assert torch.allclose(OwnMask(q, k, v, causal="bottom_right")[:, :, 15:], right[:, :, 15:], atol=1e-5)
+    assert not torch.allclose(OwnMaskTopLeft(q, k, v, causal="bottom_right")[:, :, 15:], right[:, :, 15:], atol=1e-3)

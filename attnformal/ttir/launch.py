@@ -18,6 +18,7 @@ from attnformal.schedule import FULL, PARTIAL, SKIP
 from attnformal.spec import kv_head_of
 
 INT32_MAX = 2 ** 31 - 1
+MAX_ELEMENTS = 2 ** 40  # more elements than any accelerator's memory holds
 
 
 @dataclass
@@ -38,6 +39,7 @@ class TensorRole:
     tile: str | None = None
     output: bool = False
     contract: Callable | None = None
+    decode: bool = True  # whether the contract reads the entry's index (else only its value)
 
 
 @dataclass
@@ -68,7 +70,7 @@ def _fwd_grid(s, config):
 def _fwd_program(s, config, pids, fresh):
     """Axis x: query block ``bm``; y: split part; z: ``b * Hq + h`` (so ``b, h = divmod(z, Hq)``)."""
     b, h = pids[2] / s["Hq"], pids[2] % s["Hq"]
-    facts = [s["Hq"] / s["Hkv"] == s["G"]]  # true since Hq = G * Hkv: kv_head_of divides by Hq // Hkv
+    facts = [s["Hq"] / s["Hkv"] == s["G"], s["Hq"] / s["G"] == s["Hkv"]]  # true as Hq = G * Hkv
     return {"bm": pids[0], "split": pids[1], "b": b, "h": h, "kv_head": kv_head_of(h, s["Hq"], s["Hkv"])}, facts
 
 
@@ -79,7 +81,10 @@ def _fwd_constraints(s, config):
     facts += [s["Hq"] == s["G"] * s["Hkv"], s["D"] <= config["BLOCK_D"], s["Dv"] <= config["BLOCK_DV"],
               s["nM"] == _cdiv(s["Sq"], bm), s["nN"] == _cdiv(s["Sk"], bn),
               s["B"] * s["Hq"] <= 65535]  # CUDA's grid z limit
-    return facts
+    numels = [s["B"] * s["Hq"] * s["Sq"] * s["D"], s["B"] * s["Hkv"] * s["Sk"] * s["D"],
+              s["B"] * s["Hkv"] * s["Sk"] * s["Dv"], s["S"] * s["B"] * s["Hq"] * s["Sq"] * s["Dv"],
+              s["B"] * s["nM"] * s["nN"], s["B"] * s["nM"] * s["S"] * 2]
+    return facts + [n <= MAX_ELEMENTS for n in numels]  # every tensor fits in a device's memory
 
 
 def _fwd_preconditions(s, config):
@@ -88,7 +93,8 @@ def _fwd_preconditions(s, config):
     pad_k = s["nN"] * config["BLOCK_N"]
     return [("i32 row offsets: (blocks * BLOCK) * head_dim < 2**31",
              z3.And(pad_q * s["D"] <= INT32_MAX, pad_q * s["Dv"] <= INT32_MAX,
-                    pad_k * s["D"] <= INT32_MAX, pad_k * s["Dv"] <= INT32_MAX))]
+                    pad_k * s["D"] <= INT32_MAX, pad_k * s["Dv"] <= INT32_MAX)),
+            ("i32 state row: num_splits * batch < 2**31", s["S"] * s["B"] <= INT32_MAX)]
 
 
 def _geometry(s, config):
@@ -145,7 +151,7 @@ FORWARD = LaunchDescription(
         ROW_LO=TensorRole(("B", "Sq"), contract=_row_end(0)),
         ROW_HI=TensorRole(("B", "Sq"), contract=_row_end(1)),
         CLASSES=TensorRole(("B", "nM", "nN"), contract=_classes),
-        KV_SPLITS=TensorRole(("B", "nM", "S", "2"), contract=_splits),
+        KV_SPLITS=TensorRole(("B", "nM", "S", "2"), contract=_splits, decode=False),
         SCALARS=TensorRole(("3",)),
     ),
     configs=[dict(_FWD_BASE, CAUSAL=mode) for mode in range(len(CAUSAL_MODES))],

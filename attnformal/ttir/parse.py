@@ -152,8 +152,8 @@ class _Locations:
         return []
 
     def resolve(self, text):
-        frames = self.frames(text) if text else []
-        if not frames:
+        frames = [f for f in (self.frames(text) if text else []) if "/triton/language/" not in f[0]]
+        if not frames:  # Triton's own library frames (tl.max's body) say nothing about the kernel
             return "?"
         (file, line), callers = frames[0], [str(n) for _, n in frames[1:]]
         where = f"{file.rsplit('/', 1)[-1]}:{line}"

@@ -28,7 +28,7 @@ import time
 
 import z3
 
-from attnformal.logic import PROVED, REFUTED, UNKNOWN, Proof
+from attnformal.logic import PROVED, REFUTED, UNKNOWN, VACUOUS, Proof
 from attnformal.ttir.interpret import Unsupported, interpret
 from attnformal.ttir.launch import LaunchDescription, TensorRole
 from attnformal.ttir.lower import lower
@@ -74,20 +74,23 @@ class Setting:
         return offset
 
     def table_facts(self, terms, context=None):
-        """Each table entry the terms read, decoded into its logical index, with the table's contract."""
-        facts = []
+        """The contracts of the table entries the terms read: value-only ones everywhere; those that read
+        the entry's index at the candidate indices the theorem names (``context["at"][table]``), as
+        ``offset == layout(index) => contract`` (Z3 then only has to match the kernel's offset)."""
+        facts, context = [], context or {}
         for name, role in self.launch.tensors.items():
             if role.contract is None:
                 continue
             memory = z3.Function(f"{name}_value", z3.IntSort(), z3.IntSort())
             for application in _applications(terms, memory):
                 offset = application.arg(0)
-                index = [self.fresh(f"{name}_idx") for _ in role.dims]
-                inside = z3.And(0 <= offset, offset < self.numel(role))
-                facts.append(z3.Implies(inside, z3.And(offset == self.layout(role, index),
-                                                       *[z3.And(0 <= x, x < n) for x, n in zip(index, self.dims(role))],
-                                                       role.contract(index, application, self.sizes, self.config,
-                                                                     context or {}))))
+                if not role.decode:
+                    inside = z3.And(0 <= offset, offset < self.numel(role))
+                    facts.append(z3.Implies(inside, role.contract(None, application, self.sizes, self.config, {})))
+                for index in context.get("at", {}).get(name, ()) if role.decode else ():
+                    in_range = [z3.And(0 <= x, x < n) for x, n in zip(index, self.dims(role))]
+                    facts.append(z3.Implies(z3.And(offset == self.layout(role, index), *in_range),
+                                            role.contract(index, application, self.sizes, self.config, context)))
         return facts
 
 
@@ -107,22 +110,47 @@ def _applications(terms, decl):
 def decide(claim, hypotheses, goal, setting, timeout_s, show=(), context=None) -> Proof:
     """``hypotheses => goal`` for all values: unsat of its negation (with the tables' contracts)."""
     start = time.perf_counter()
-    solver = z3.SolverFor("QF_NIA") if False else z3.Solver()
-    solver.set("timeout", int(timeout_s * 1000))
     base = setting.facts + list(hypotheses)
     tables = setting.table_facts(base + [goal], context)
-    solver.add(*base, *tables, z3.Not(goal))
-    verdict = solver.check()
+    for solver in _solvers(timeout_s):  # a second strategy only when the first gives up
+        solver.add(*base, *tables, z3.Not(goal))
+        verdict = solver.check()
+        if verdict != z3.unknown:
+            break
     seconds = time.perf_counter() - start
     assumed = tuple(setting.assumed)
     if verdict == z3.unsat:
-        return Proof(claim, TOOL, PROVED, hypotheses=assumed, seconds=seconds, queries=1)
+        return _unless_vacuous(Proof(claim, TOOL, PROVED, hypotheses=assumed, seconds=seconds, queries=1),
+                               base + tables, timeout_s)
     if verdict == z3.sat:
         model = solver.model()
         shown = {name: str(model.eval(term, model_completion=True)) for name, term in _shown(setting, show)}
         return Proof(claim, TOOL, REFUTED, hypotheses=assumed, countermodel=shown, seconds=seconds, queries=1)
     return Proof(claim, TOOL, UNKNOWN, hypotheses=assumed, seconds=seconds, queries=1,
                  detail=f"z3: {solver.reason_unknown()}")
+
+
+def _unless_vacuous(proof, premise, timeout_s):
+    """A proof whose premise is unsatisfiable proves nothing: VACUOUS when Z3 finds it so."""
+    solver = z3.Solver()
+    solver.set("timeout", int(timeout_s * 250))
+    solver.add(*premise)
+    verdict = solver.check()
+    if verdict == z3.unsat:
+        return proof.but(status=VACUOUS, detail="the premise is unsatisfiable")
+    if verdict == z3.unknown:
+        return proof.but(detail="premise satisfiability not decided in time")
+    return proof
+
+
+def _solvers(timeout_s):
+    """Z3's default, then equations solved away first (offsets are sums of products of the arguments)."""
+    plain = z3.Solver()
+    plain.set("timeout", int(timeout_s * 500))
+    yield plain
+    eliminated = z3.Then("simplify", "propagate-values", "solve-eqs", "simplify", "smt").solver()
+    eliminated.set("timeout", int(timeout_s * 500))
+    yield eliminated
 
 
 def _shown(setting, extra):
@@ -263,11 +291,19 @@ def masking(setting, timeout_s):
     proof = decide(f"masking: scores reaching the row max at {loc} are -inf unless may_attend(i, j)",
                    ranges + facts + setting.loop_facts + setting.trace.loops[0].path if setting.trace.loops else [],
                    goal, setting, timeout_s, _lane_shown(lane) + [("i", i), ("j", j), ("score kept", score)],
-                   context={"i": i, "j": j, "b": setting.program["b"]})
+                   context=_masking_context(setting, i, j))
     finite = [v for v in fills if v != -math.inf]
     if proof.status == REFUTED and finite:
         proof = proof.but(detail=_finite_fill_detail(finite[0]))
     yield proof
+
+
+def _masking_context(setting, i, j):
+    """Where the host's tables are read for score ``(i, j)``: row ``i``'s interval, the tile of ``(bm, bn)``."""
+    b = setting.program["b"]
+    loop = setting.trace.loops[0]
+    return {"i": i, "j": j, "b": b,
+            "at": {"ROW_LO": [(b, i)], "ROW_HI": [(b, i)], "CLASSES": [(b, setting.program["bm"], loop.iv)]}}
 
 
 def _finite_fill_detail(fill):
@@ -301,7 +337,7 @@ def _classify(value):
 
 
 def _has_dot(value):
-    if not isinstance(value, tuple):
+    if not (isinstance(value, tuple) and value and isinstance(value[0], str)):
         return False
     return value[0] == "dot" or any(_has_dot(v) for v in value[1:] if isinstance(v, tuple))
 

@@ -425,6 +425,7 @@ def parse(argv):
                              "list of them; MODULE:ATTR too, e.g. attnformal.tilings:EXAMPLES); repeatable")
     parser.add_argument("--jobs", type=cli.integer(minimum=1), default=min(2, os.cpu_count() or 1), metavar="N",
                         help="worker processes (<= 2)")
+    parser.add_argument("--triton", metavar="FILE.py:KERNEL", help="prove a Triton kernel from its TTIR (docs/ttir.md)")
     args = parser.parse_args(argv)
     if (args.block_m is None) != (args.block_n is None):
         parser.error("argument '--block-m'/'--block-n': expected both, got only one")
@@ -482,6 +483,9 @@ def with_kernel_schedules(settings: Settings) -> Settings:
 def main(argv=None) -> int:
     start = time.perf_counter()
     args, chosen, settings = parse(argv)
+    if args.triton:
+        from attnformal.ttir.cli import prove_triton
+        return prove_triton(args.triton, args.timeout)
     proves_schedules = any(getattr(module, "PROVES_SCHEDULES", False) for _, module in chosen)
     checks, controls, settings = run(chosen, settings, args.jobs, with_kernel_schedules if proves_schedules else None)
     wall = time.perf_counter() - start

@@ -289,7 +289,7 @@ def masking(setting, timeout_s):
     from attnformal.masks import may_attend
     goal = z3.And(z3.Or(score, neg_inf), score == may_attend(i, j, may))
     proof = decide(f"masking: scores reaching the row max at {loc} are -inf unless may_attend(i, j)",
-                   ranges + facts + setting.loop_facts + setting.trace.loops[0].path if setting.trace.loops else [],
+                   ranges + facts + setting.loop_facts + (setting.trace.loops[0].path if setting.trace.loops else []),
                    goal, setting, timeout_s, _lane_shown(lane) + [("i", i), ("j", j), ("score kept", score)],
                    context=_masking_context(setting, i, j))
     finite = [v for v in fills if v != -math.inf]
@@ -361,8 +361,8 @@ def _score_indices(setting, dot):
 
 def _tile_row(setting, element):
     """The logical row of the tiled load an operand element comes from (its address theorem's index)."""
-    while element[0] in ("select", "op"):
-        element = element[2] if element[0] == "select" else element[2]
+    while element[0] in ("select", "op"):  # a masked load's loaded branch; a conversion's operand
+        element = element[2]
     if element[0] != "load":
         raise Unsupported(f"product operand {element[0]}", "the softmax input")
     access, lane = element[1], element[2]

@@ -513,10 +513,10 @@ def parse(argv):
                         help="also prove a kernel's TileSchedule (or a list of them), e.g. "
                              "attnformal.kernels.torch_tiled:DEFAULT_SCHEDULE")
     parser.add_argument("--kernel", action="append", default=[], metavar="FILE.py:ATTR",
-                        help="prove a kernel's own tiling instead (an attnformal.tiling.KernelTiling subclass or a "
-                             "list of them; MODULE:ATTR too, e.g. attnformal.tilings:EXAMPLES); repeatable")
+                        help="prove a kernel's KernelTiling (or a list; MODULE:ATTR too); repeatable")
     parser.add_argument("--jobs", type=cli.integer(minimum=1), default=min(2, os.cpu_count() or 1), metavar="N",
                         help="worker processes (<= 2)")
+    parser.add_argument("--triton", metavar="FILE.py:KERNEL", help="prove a Triton kernel from its TTIR")
     parser.add_argument("--no-cache", action="store_true",
                         help="re-prove unchanged obligations too")
     prove_options.add_options(parser)
@@ -608,6 +608,9 @@ def main(argv=None) -> int:
 def _main(argv) -> int:
     start = time.perf_counter()
     args, chosen, settings = parse(argv)
+    if args.triton:
+        from attnformal.ttir.cli import prove_triton
+        return prove_triton(args.triton, args.timeout)
     if args.show_schedule:
         return prove_options.show_schedule(args, chosen, settings.schedules)
     proves_schedules = any(getattr(module, "PROVES_SCHEDULES", False) for _, module in chosen)

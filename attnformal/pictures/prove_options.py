@@ -91,13 +91,16 @@ def write_pictures(args, chosen, checks, controls) -> list[str]:
 
     if args.picture is None or not args.kernel:
         return []
+    not_drawn = []
     try:
-        written = tiles.refutation_pictures(chosen, checks, controls, args.picture)
+        written = tiles.refutation_pictures(chosen, checks, controls, args.picture, not_drawn)
     except PicturesUnavailable as error:
         print(f"no tile maps: {error}")
         return []
     for path in written:
         print(f"tile map: {path}")
+    for reason in not_drawn:
+        print(f"tile map not drawn, {reason}")
     return written
 
 

@@ -278,8 +278,9 @@ def _mark(ax, t: TileMap, Rectangle):
 # ---------------------------------------------------------------------------- what prove writes
 
 
-def refutation_pictures(chosen, checks, controls, folder) -> list[str]:
-    """One tile map per refuted check and refuted control of the ``--kernel`` obligations, in ``folder``."""
+def refutation_pictures(chosen, checks, controls, folder, not_drawn: list | None = None) -> list[str]:
+    """One tile map per refuted check and refuted control of the ``--kernel`` obligations, in ``folder``.
+    A counterexample too large to draw (an int32 wrap at Sk near 2^31) adds its reason to ``not_drawn``."""
     variants = {(number, c.name): c.variant for number, obligation in chosen for c in obligation.CONTROLS}
     classes = {number: obligation.cls for number, obligation in chosen}
     refuted = [(classes[o.number], p, "") for o in checks for p in o.checks if p.status == "refuted"]
@@ -287,7 +288,12 @@ def refutation_pictures(chosen, checks, controls, folder) -> list[str]:
                 if c.proof.status == "refuted" and (c.obligation, c.name) in variants]
     written = []
     for cls, proof, prefix in refuted:
-        tile_map = refutation_map(cls, proof)
+        try:
+            tile_map = refutation_map(cls, proof)
+        except ValueError as too_large:
+            if not_drawn is not None:
+                not_drawn.append(f"{prefix}{cls.__name__} [{proof.case}]: {str(too_large).partition(': ')[2]}")
+            continue
         if tile_map is not None:
             obligation = proof.claim.split("] ", 1)[-1].split(":", 1)[0].replace(" ", "-")
             written.append(draw(tile_map, Path(folder) / f"{prefix}{cls.__name__}-{proof.case}-{obligation}.png"))

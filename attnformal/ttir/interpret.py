@@ -1,0 +1,585 @@
+"""A symbolic interpreter of TTIR over Z3: one run covers every program and every runtime argument.
+
+Values are tensors, a tensor being a *function of its element indices* (a scalar has shape
+``()``), so ``make_range``, ``splat``, ``broadcast``, ``expand_dims``, ``trans`` and ``reshape`` are
+index maps and a whole tile is one symbolic lane. Elements are:
+
+* integers: exact Z3 ``Int`` terms. The IR's width is kept beside each term and every op that can
+  wrap records a *no-wrap* obligation (the exact result lies in the width's signed range; a
+  divisor is not zero): when those are proved the exact terms equal the machine's wrap-around
+  values, and when one is refuted the kernel overflows (Alive2's poison, made an obligation);
+* booleans (``i1``): Z3 ``Bool``;
+* pointers: ``Ptr(argument, element offset)``, so every access names the tensor it touches;
+* floats: value trees that keep provenance (which load, which lane; ``dot`` and reductions as
+  value ops over the tensors they read), enough to say which scores a ``select`` lets through.
+
+``scf.for`` runs its body once with a fresh induction variable constrained to the loop range
+(an arbitrary iteration); its floating-point carried values are opaque there and after it.
+Loads and stores are recorded as :class:`Access` with their mask and path condition. An op or a
+form without a handler raises :class:`Unsupported` naming the op and its source line: the
+theorems then report *unknown*, never proved.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import z3
+
+from attnformal.ttir.parse import Function, Op
+
+
+class Unsupported(Exception):
+    def __init__(self, what: str, loc: str):
+        super().__init__(f"unsupported {what} at {loc}")
+        self.what, self.loc = what, loc
+
+
+@dataclass(frozen=True)
+class Ptr:
+    arg: str  # the kernel parameter the pointer derives from
+    offset: Any  # Z3 Int, in elements of the pointee
+
+
+@dataclass(frozen=True)
+class Kind:
+    """An element type: ``int`` (with width), ``bool``, ``ptr`` (pointee), ``float`` (width)."""
+
+    name: str
+    width: int = 0
+
+
+@dataclass
+class Tensor:
+    shape: tuple
+    kind: Kind
+    at: Callable[[tuple], Any]  # element at a lane (a tuple of Z3 Ints, one per dimension)
+
+
+@dataclass
+class Access:
+    op: str  # "load" or "store"
+    arg: str  # the pointer parameter
+    ptr: Tensor
+    mask: Tensor | None
+    loc: str
+    path: list  # Z3 Bools under which the access executes (enclosing if/for conditions)
+    value: Tensor | None = None
+
+
+@dataclass
+class NoWrap:
+    """An int op's exact result must fit its width (or its divisor be non-zero) on every lane."""
+
+    what: str
+    loc: str
+    shape: tuple
+    holds: Callable[[tuple], Any]
+    path: list
+
+
+@dataclass
+class Loop:
+    iv: Any
+    lower: Any
+    upper: Any
+    loc: str
+    path: list
+
+
+@dataclass
+class Trace:
+    """Everything one symbolic run produced, for the theorems."""
+
+    params: dict  # parameter name -> scalar Tensor
+    program_ids: list  # Z3 Ints, axes x, y, z
+    accesses: list[Access] = field(default_factory=list)
+    no_wrap: list[NoWrap] = field(default_factory=list)
+    loops: list[Loop] = field(default_factory=list)
+    definitions: list = field(default_factory=list)  # Z3 facts defining fresh symbols (div, rem)
+    reductions: list = field(default_factory=list)  # (combiner, input Tensor, loc)
+
+
+# ------------------------------------------------------------------------ types
+
+_TENSOR = re.compile(r'^tensor<((?:\d+x)*)(.+)>$')
+
+
+def parse_type(text: str) -> tuple[tuple, Kind]:
+    text = text.strip()
+    match = _TENSOR.match(text)
+    shape = ()
+    if match:
+        shape = tuple(int(d) for d in match.group(1).split("x") if d)
+        text = match.group(2)
+    if text.startswith("!tt.ptr<"):
+        return shape, Kind("ptr", _scalar_kind(text[8:-1]).width)
+    return shape, _scalar_kind(text)
+
+
+def _scalar_kind(text):
+    if text == "i1":
+        return Kind("bool", 1)
+    if re.fullmatch(r'i\d+', text):
+        return Kind("int", int(text[1:]))
+    if re.fullmatch(r'(f|bf)\d+|f8\w*', text):
+        return Kind("float", int(re.sub(r'\D', '', text.split("E")[0]) or 8))
+    raise ValueError(f"type {text}")
+
+
+def signed_range(width):
+    return -(2 ** (width - 1)), 2 ** (width - 1) - 1
+
+
+# ------------------------------------------------------------------------ interpreter
+
+_NAME = re.compile(r'%[\w$.#-]+')
+
+
+class Interpreter:
+    def __init__(self, function: Function, prefix: str = ""):
+        self.function, self.prefix = function, prefix
+        self.fresh_ids = itertools.count()
+        params = {}
+        for name, type_ in function.params:
+            shape, kind = parse_type(type_)
+            if kind.name == "ptr":
+                params[name] = _scalar(kind, Ptr(name, z3.IntVal(0)))
+            elif kind.name == "int":
+                params[name] = _scalar(kind, z3.Int(name))  # runtime arguments are shared by all programs
+            elif kind.name == "float":
+                params[name] = _scalar(kind, ("param", name))
+            else:
+                raise Unsupported(f"parameter type {type_}", name)
+        pids = [z3.Int(f"{prefix}pid_{axis}") for axis in "xyz"]
+        self.trace = Trace(params, pids)
+
+    def run(self) -> Trace:
+        env = {f"%{name}": value for name, value in self.trace.params.items()}
+        self.block(self.function.ops, env, [])
+        return self.trace
+
+    def fresh(self, stem):
+        return z3.Int(f"{self.prefix}{stem}_{next(self.fresh_ids)}")
+
+    def block(self, ops, env, path):
+        """Runs ops in order; returns the operands of the block's terminator."""
+        for op in ops:
+            if op.name in ("scf.yield", "tt.reduce.return", "tt.return"):
+                return [env[name] for name in _operands(op.body)]
+            handler = HANDLERS.get(op.name)
+            if handler is None:
+                raise Unsupported(f"op {op.name}", op.loc)
+            try:
+                results = handler(self, op, env, path)
+            except (KeyError, ValueError, IndexError) as error:
+                raise Unsupported(f"form of {op.name} ({error})", op.loc) from error
+            for name, value in zip(op.results, results):
+                env[name] = value
+        return []
+
+    def no_wrap(self, op, tensor: Tensor, exact_at, width, path):
+        low, high = signed_range(width)
+        self.trace.no_wrap.append(NoWrap(f"{op.name} in i{width}", op.loc, tensor.shape,
+                                         lambda lane: z3.And(low <= exact_at(lane), exact_at(lane) <= high), path))
+
+
+def _scalar(kind, element):
+    return Tensor((), kind, lambda lane: element)
+
+
+def _operands(text):
+    return _NAME.findall(text)
+
+
+def _types(op):
+    """The type list after the last top-level ' : ' of an op's text."""
+    return op.body.rsplit(" : ", 1)[1]
+
+
+def _result_type(op):
+    types = _types(op)
+    for separator in (" -> ", " to "):
+        if separator in types:
+            return parse_type(types.rsplit(separator, 1)[1])
+    return parse_type(_split_types(types)[-1])
+
+
+def _split_types(text):
+    parts, depth, current = [], 0, ""
+    for char in text:
+        depth += char == "<"
+        depth -= char == ">"
+        if char == "," and depth == 0:
+            parts.append(current.strip())
+            current = ""
+        else:
+            current += char
+    return parts + [current.strip()]
+
+
+def _attr_int(op, name):
+    return int(re.search(rf'\b{name} = (-?\d+)', op.body).group(1))
+
+
+# ------------------------------------------------------------------------ handlers (one per op)
+
+HANDLERS: dict[str, Callable] = {}
+
+
+def handles(*names):
+    def register(function):
+        for name in names:
+            HANDLERS[name] = function
+        return function
+    return register
+
+
+@handles("arith.constant")
+def _constant(interp, op, env, path):
+    shape, kind = _result_type(op)
+    text = op.body.rsplit(" : ", 1)[0].strip()
+    dense = re.fullmatch(r'dense<(.+)>', text)
+    literal = dense.group(1) if dense else text
+    if kind.name == "float":
+        value = _float_literal(literal, kind.width)
+        return [Tensor(shape, kind, lambda lane: ("const", value))]
+    if kind.name == "bool":
+        return [Tensor(shape, kind, lambda lane: z3.BoolVal(literal == "true"))]
+    return [Tensor(shape, kind, lambda lane: z3.IntVal(int(literal)))]
+
+
+def _float_literal(literal, width):
+    if literal.startswith("0x"):
+        bits = int(literal, 16)
+        if width == 32:
+            import struct
+            return struct.unpack("<f", struct.pack("<I", bits))[0]
+        if width == 64:
+            import struct
+            return struct.unpack("<d", struct.pack("<Q", bits))[0]
+        if width == 16:
+            import numpy
+            return float(numpy.array([bits], numpy.uint16).view(numpy.float16)[0])
+        raise ValueError(f"float literal {literal}")
+    return float(literal)
+
+
+@handles("tt.get_program_id")
+def _program_id(interp, op, env, path):
+    axis = "xyz".index(op.body.split()[0])
+    return [_scalar(Kind("int", 32), interp.trace.program_ids[axis])]
+
+
+@handles("tt.make_range")
+def _make_range(interp, op, env, path):
+    shape, kind = _result_type(op)
+    start = _attr_int(op, "start")
+    return [Tensor(shape, kind, lambda lane: start + lane[0])]
+
+
+@handles("tt.splat")
+def _splat(interp, op, env, path):
+    source = env[_operands(op.body)[0]]
+    shape, _ = _result_type(op)
+    return [Tensor(shape, source.kind, lambda lane: source.at(()))]
+
+
+@handles("tt.broadcast")
+def _broadcast(interp, op, env, path):
+    source = env[_operands(op.body)[0]]
+    shape, _ = _result_type(op)
+    return [Tensor(shape, source.kind,
+                   lambda lane: source.at(tuple(z3.IntVal(0) if n == 1 else x for x, n in zip(lane, source.shape))))]
+
+
+@handles("tt.expand_dims")
+def _expand_dims(interp, op, env, path):
+    source = env[_operands(op.body)[0]]
+    axis = _attr_int(op, "axis")
+    shape, _ = _result_type(op)
+    return [Tensor(shape, source.kind, lambda lane: source.at(lane[:axis] + lane[axis + 1:]))]
+
+
+@handles("tt.trans")
+def _trans(interp, op, env, path):
+    source = env[_operands(op.body)[0]]
+    order = [int(x) for x in re.search(r'array<i32: ([\d, ]+)>', op.body).group(1).split(",")]
+    shape, _ = _result_type(op)
+
+    def at(lane):  # result dim k is source dim order[k]
+        source_lane = [None] * len(order)
+        for k, d in enumerate(order):
+            source_lane[d] = lane[k]
+        return source.at(tuple(source_lane))
+    return [Tensor(shape, source.kind, at)]
+
+
+@handles("tt.reshape")
+def _reshape(interp, op, env, path):
+    source = env[_operands(op.body)[0]]
+    shape, _ = _result_type(op)
+
+    def at(lane):  # row-major linear index, then unravelled into the source's shape
+        flat = z3.IntVal(0)
+        for x, n in zip(lane, shape):
+            flat = flat * n + x
+        source_lane = []
+        for n in reversed(source.shape):
+            source_lane.append(flat % n)
+            flat = flat / n
+        return source.at(tuple(reversed(source_lane)))
+    return [Tensor(shape, source.kind, at)]
+
+
+def _binary(name, exact):
+    """An integer op: exact on Ints, with a no-wrap obligation in the result's width."""
+    def handler(interp, op, env, path):
+        a, b = (env[n] for n in _operands(op.body)[:2])
+        shape, kind = _result_type(op)
+        result = Tensor(shape, kind, lambda lane: exact(a.at(lane), b.at(lane)))
+        interp.no_wrap(op, result, result.at, kind.width, path)
+        return [result]
+    HANDLERS[name] = handler
+
+
+_binary("arith.addi", lambda x, y: x + y)
+_binary("arith.subi", lambda x, y: x - y)
+_binary("arith.muli", lambda x, y: x * y)
+_binary("arith.maxsi", lambda x, y: z3.If(x >= y, x, y))
+_binary("arith.minsi", lambda x, y: z3.If(x <= y, x, y))
+
+
+def truncating_division(x, y):
+    """``arith.divsi`` on exact integers: rounds toward zero (Z3's ``/`` is floor for a positive divisor).
+    A zero divisor yields 0 here; the op's obligation refutes it."""
+    return z3.If(y > 0, z3.If(x >= 0, x / y, -((-x) / y)),
+                 z3.If(y < 0, z3.If(x >= 0, -(x / (-y)), (-x) / (-y)), 0))
+
+
+@handles("arith.divsi", "arith.remsi")
+def _division(interp, op, env, path):
+    a, b = (env[n] for n in _operands(op.body)[:2])
+    shape, kind = _result_type(op)
+    quotient = lambda lane: truncating_division(a.at(lane), b.at(lane))  # noqa: E731
+    if op.name == "arith.divsi":
+        result = Tensor(shape, kind, quotient)
+    else:
+        result = Tensor(shape, kind, lambda lane: a.at(lane) - quotient(lane) * b.at(lane))
+    low, _ = signed_range(kind.width)
+    interp.trace.no_wrap.append(NoWrap(f"{op.name} divisor non-zero, no {low} / -1", op.loc, shape,
+                                       lambda lane: z3.And(b.at(lane) != 0,
+                                                           z3.Or(a.at(lane) != low, b.at(lane) != -1)), path))
+    return [result]
+
+
+@handles("arith.extsi", "arith.index_cast")
+def _extend(interp, op, env, path):
+    source = env[_operands(op.body)[0]]
+    shape, kind = _result_type(op)
+    return [Tensor(shape, kind, source.at)]
+
+
+@handles("arith.extui")
+def _extend_unsigned(interp, op, env, path):
+    source = env[_operands(op.body)[0]]
+    shape, kind = _result_type(op)
+    if source.kind.name == "bool":
+        return [Tensor(shape, kind, lambda lane: z3.If(source.at(lane), 1, 0))]
+    width = source.kind.width
+    return [Tensor(shape, kind, lambda lane: z3.If(source.at(lane) < 0, source.at(lane) + 2 ** width,
+                                                   source.at(lane)))]
+
+
+@handles("arith.trunci")
+def _truncate(interp, op, env, path):
+    source = env[_operands(op.body)[0]]
+    shape, kind = _result_type(op)
+    if kind.name == "bool":
+        raise Unsupported("arith.trunci to i1", op.loc)
+    result = Tensor(shape, kind, source.at)
+    interp.no_wrap(op, result, source.at, kind.width, path)
+    return [result]
+
+
+_PREDICATES = {"eq": lambda x, y: x == y, "ne": lambda x, y: x != y, "slt": lambda x, y: x < y,
+               "sle": lambda x, y: x <= y, "sgt": lambda x, y: x > y, "sge": lambda x, y: x >= y}
+
+
+@handles("arith.cmpi")
+def _compare(interp, op, env, path):
+    predicate = op.body.split(",")[0].strip()
+    a, b = (env[n] for n in _operands(op.body)[:2])
+    shape, _ = parse_type(_types(op))
+    if predicate not in _PREDICATES:  # unsigned: the exact Int is not the bit pattern's unsigned value
+        raise Unsupported(f"arith.cmpi {predicate}", op.loc)
+    compare = _PREDICATES[predicate]
+    return [Tensor(shape, Kind("bool", 1), lambda lane: compare(a.at(lane), b.at(lane)))]
+
+
+def _logical(name, combine):
+    def handler(interp, op, env, path):
+        a, b = (env[n] for n in _operands(op.body)[:2])
+        shape, kind = _result_type(op)
+        if kind.name != "bool":
+            raise Unsupported(f"{name} on {kind.name}", op.loc)
+        return [Tensor(shape, kind, lambda lane: combine(a.at(lane), b.at(lane)))]
+    HANDLERS[name] = handler
+
+
+_logical("arith.andi", z3.And)
+_logical("arith.ori", z3.Or)
+_logical("arith.xori", lambda x, y: x != y)
+
+
+@handles("arith.select")
+def _select(interp, op, env, path):
+    condition, a, b = (env[n] for n in _operands(op.body)[:3])
+    shape, kind = _result_type(op)
+    return [Tensor(shape, kind, lambda lane: _choose(condition.at(lane if condition.shape else ()),
+                                                     a.at(lane), b.at(lane), op))]
+
+
+def _choose(condition, a, b, op):
+    if isinstance(a, tuple) or isinstance(b, tuple):
+        return ("select", condition, a, b)
+    if isinstance(a, Ptr) or isinstance(b, Ptr):
+        if a.arg != b.arg:
+            raise Unsupported("select between pointers into different tensors", op.loc)
+        return Ptr(a.arg, z3.If(condition, a.offset, b.offset))
+    return z3.If(condition, a, b)
+
+
+@handles("tt.addptr")
+def _addptr(interp, op, env, path):
+    pointer, offset = (env[n] for n in _operands(op.body)[:2])
+    shape, kind = parse_type(_split_types(_types(op))[0])
+    result = Tensor(shape, kind, lambda lane: Ptr(pointer.at(lane).arg, pointer.at(lane).offset + offset.at(lane)))
+    interp.no_wrap(op, result, lambda lane: result.at(lane).offset, 64, path)
+    return [result]
+
+
+@handles("tt.load")
+def _load(interp, op, env, path):
+    names = _operands(op.body)
+    pointer = env[names[0]]
+    mask = env[names[1]] if len(names) > 1 else None
+    other = env[names[2]] if len(names) > 2 else None
+    shape, kind = pointer.shape, Kind(_pointee_kind(op), pointer.kind.width)
+    access = Access("load", pointer.at(tuple(z3.IntVal(0) for _ in shape)).arg, pointer, mask, op.loc, list(path))
+
+    def at(lane):
+        ptr = pointer.at(lane)
+        if kind.name == "float":
+            loaded = ("load", access, lane)
+            return loaded if mask is None else ("select", mask.at(lane), loaded,
+                                                other.at(lane) if other else ("const", 0.0))
+        memory = z3.Function(f"{ptr.arg}_value", z3.IntSort(), z3.IntSort())
+        loaded = memory(ptr.offset)
+        if kind.name == "bool":
+            loaded = loaded != 0
+        if mask is None:
+            return loaded
+        return z3.If(mask.at(lane), loaded, other.at(lane) if other else z3.IntVal(0))
+    interp.trace.accesses.append(access)
+    return [Tensor(shape, kind, at)]
+
+
+def _pointee_kind(op):
+    pointee = re.search(r'!tt\.ptr<([^>]+)>', op.body).group(1)
+    return _scalar_kind(pointee).name
+
+
+@handles("tt.store")
+def _store(interp, op, env, path):
+    names = _operands(op.body)
+    pointer, value = env[names[0]], env[names[1]]
+    mask = env[names[2]] if len(names) > 2 else None
+    arg = pointer.at(tuple(z3.IntVal(0) for _ in pointer.shape)).arg
+    interp.trace.accesses.append(Access("store", arg, pointer, mask, op.loc, list(path), value))
+    return []
+
+
+def _float_op(arity):
+    def handler(interp, op, env, path):
+        args = [env[n] for n in _operands(op.body)[:arity]]
+        shape, kind = _result_type(op)
+        return [Tensor(shape, kind, lambda lane: ("op", op.name, *[a.at(lane) for a in args]))]
+    return handler
+
+
+for _name in ("arith.addf", "arith.subf", "arith.mulf", "arith.divf", "arith.maxnumf", "arith.minnumf",
+              "arith.maximumf", "arith.minimumf"):
+    HANDLERS[_name] = _float_op(2)
+for _name in ("math.exp", "math.exp2", "math.log", "math.log2", "math.absf", "math.sqrt", "arith.negf",
+              "arith.truncf", "arith.extf", "arith.sitofp"):
+    HANDLERS[_name] = _float_op(1)
+
+
+@handles("arith.cmpf")
+def _compare_float(interp, op, env, path):
+    predicate = op.body.split(",")[0].strip()
+    a, b = (env[n] for n in _operands(op.body)[:2])
+    shape, _ = parse_type(_types(op))
+    return [Tensor(shape, Kind("bool", 1), lambda lane: z3.Bool(f"{interp.prefix}cmpf_{predicate}_{id(a)}_{id(b)}"))]
+
+
+@handles("tt.dot")
+def _dot(interp, op, env, path):
+    a, b, c = (env[n] for n in _operands(op.body)[:3])
+    shape, kind = _result_type(op)
+    return [Tensor(shape, kind, lambda lane: ("dot", a, b, c, lane))]
+
+
+@handles("tt.reduce")
+def _reduce(interp, op, env, path):
+    source = env[_operands(op.body)[0]]
+    axis = _attr_int(op, "axis")
+    combiners = [o.name for o in op.regions[0].ops if o.name != "tt.reduce.return"]
+    shape = source.shape[:axis] + source.shape[axis + 1:]
+    interp.trace.reductions.append((tuple(combiners), source, op.loc))
+    return [Tensor(shape, Kind("float", 32), lambda lane: ("reduce", tuple(combiners), source, axis, lane))]
+
+
+@handles("scf.if")
+def _if(interp, op, env, path):
+    condition = env[_operands(op.body)[0]].at(())
+    then = interp.block(op.regions[0].ops, dict(env), path + [condition])
+    other = interp.block(op.regions[1].ops, dict(env), path + [z3.Not(condition)]) if len(op.regions) > 1 else []
+    return [Tensor(t.shape, t.kind, lambda lane, t=t, e=e: _choose(condition, t.at(lane), e.at(lane), op))
+            for t, e in zip(then, other)]
+
+
+_FOR = re.compile(r'^(%[\w$.#-]+) = (%[\w$.#-]+) to (%[\w$.#-]+) step (%[\w$.#-]+)(?: iter_args\((.*?)\))?')
+
+
+@handles("scf.for")
+def _for(interp, op, env, path):
+    match = _FOR.match(op.body)
+    iv_name, lower, upper, step = match.group(1), *(env[n].at(()) for n in match.groups()[1:4])
+    if not (z3.is_int_value(z3.simplify(step)) and z3.simplify(step).as_long() == 1):
+        raise Unsupported("scf.for with a step other than 1", op.loc)
+    iv = interp.fresh("iv")
+    inside = path + [lower <= iv, iv < upper]
+    interp.trace.loops.append(Loop(iv, lower, upper, op.loc, list(path)))
+    body_env = dict(env)
+    body_env[iv_name] = _scalar(Kind("int", 32), iv)
+    carried = re.findall(r'(%[\w$.#-]+) = (%[\w$.#-]+)', match.group(5) or "")
+    for name, init in carried:
+        initial = env[init]
+        if initial.kind.name != "float":
+            raise Unsupported("scf.for carrying an integer or pointer value", op.loc)
+        body_env[name] = Tensor(initial.shape, initial.kind, lambda lane, n=name: ("opaque", n))
+    interp.block(op.regions[0].ops, body_env, inside)
+    return [Tensor(env[init].shape, env[init].kind, lambda lane, n=result: ("opaque", n))
+            for (_, init), result in zip(carried, op.results)]
+
+
+def interpret(function: Function, prefix: str = "") -> Trace:
+    return Interpreter(function, prefix).run()
+
+
+__all__ = ["Access", "Interpreter", "Kind", "Ptr", "Tensor", "Trace", "Unsupported", "interpret"]

@@ -1,0 +1,164 @@
+"""Launch descriptions: which kernel argument is which tensor, length or table, and what the grid is.
+
+A description is what the host promises the kernel, not what the kernel does: logical layouts
+(each tensor's dimensions, contiguous row-major), the size each integer argument carries, the grid
+and what each program is for, the contents of the host's tables (as predicates, written with the
+spec's own functions), and the compile-time configurations. The theorems hold the IR to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import z3
+
+from attnformal.masks import CAUSAL_MODES, MaskGeometry, key_interval, may_attend
+from attnformal.schedule import FULL, PARTIAL, SKIP
+from attnformal.spec import kv_head_of
+
+INT32_MAX = 2 ** 31 - 1
+MAX_ELEMENTS = 2 ** 40  # more elements than any accelerator's memory holds
+
+
+@dataclass
+class TensorRole:
+    """A tensor argument: its logical dimensions (size names) and the roles of its axes.
+
+    ``program`` names, per axis, the program coordinate that axis must equal (``"b"``, ``"h"``,
+    ``"kv_head"``, ``"split"``); ``seq`` is the sequence axis, tiled as ``tile`` says (``"query"``: rows
+    ``bm * BLOCK_M + lane``; ``"key"``: rows ``bn * BLOCK_N + lane`` of the key loop's iteration ``bn``);
+    ``feature`` the axis indexed by the tile's last lane dimension. A *table* has
+    ``contract(index, value, sizes, config, context)``: what its entries hold.
+    """
+
+    dims: tuple[str, ...]
+    program: dict[int, str] = field(default_factory=dict)
+    seq: int | None = None
+    feature: int | None = None
+    tile: str | None = None
+    output: bool = False
+    contract: Callable | None = None
+    decode: bool = True  # whether the contract reads the entry's index (else only its value)
+
+
+@dataclass
+class LaunchDescription:
+    kernel: str  # "module:attribute" of the @triton.jit function
+    sizes: tuple[str, ...]
+    arguments: dict[str, str]  # integer parameter -> size name
+    tensors: dict[str, TensorRole]
+    configs: list[dict]  # constexpr assignments to compile, each proven
+    grid: Callable  # (sizes, config) -> grid extents (x, y, z)
+    program: Callable  # (sizes, config, pids, fresh) -> (coordinates dict, defining facts)
+    constraints: Callable  # (sizes, config) -> Z3 facts every launch satisfies
+    preconditions: Callable  # (sizes, config) -> (name, fact) the host must ensure; reported as assumed
+    geometry: Callable  # (sizes, config) -> MaskGeometry on Z3 terms (the spec's index mask)
+    key_loop: tuple[str, int]  # (table, axis): the loop over key blocks reads its bounds from this table
+    block: Callable  # config -> (rows per query block, keys per key block)
+    pointer_types: dict = field(default_factory=dict)  # pointer parameter -> Triton type ("*i32"); else *fp32
+
+
+def _cdiv(a, b):
+    return (a + b - 1) / b  # Z3 Int division of non-negatives is floor
+
+
+def _fwd_grid(s, config):
+    return (s["nM"], s["S"], s["B"] * s["Hq"])
+
+
+def _fwd_program(s, config, pids, fresh):
+    """Axis x: query block ``bm``; y: split part; z: ``b * Hq + h`` (so ``b, h = divmod(z, Hq)``)."""
+    b, h = pids[2] / s["Hq"], pids[2] % s["Hq"]
+    facts = [s["Hq"] / s["Hkv"] == s["G"], s["Hq"] / s["G"] == s["Hkv"]]  # true as Hq = G * Hkv
+    return {"bm": pids[0], "split": pids[1], "b": b, "h": h, "kv_head": kv_head_of(h, s["Hq"], s["Hkv"])}, facts
+
+
+def _fwd_constraints(s, config):
+    bm, bn = config["BLOCK_M"], config["BLOCK_N"]
+    facts = [s[n] >= 1 for n in ("B", "Hq", "G", "Hkv", "Sq", "Sk", "D", "Dv", "S")]
+    facts += [s[n] <= INT32_MAX for n in s]  # every length travels as an i32 argument
+    facts += [s["Hq"] == s["G"] * s["Hkv"], s["D"] <= config["BLOCK_D"], s["Dv"] <= config["BLOCK_DV"],
+              s["nM"] == _cdiv(s["Sq"], bm), s["nN"] == _cdiv(s["Sk"], bn),
+              s["B"] * s["Hq"] <= 65535]  # CUDA's grid z limit
+    numels = [s["B"] * s["Hq"] * s["Sq"] * s["D"], s["B"] * s["Hkv"] * s["Sk"] * s["D"],
+              s["B"] * s["Hkv"] * s["Sk"] * s["Dv"], s["S"] * s["B"] * s["Hq"] * s["Sq"] * s["Dv"],
+              s["B"] * s["nM"] * s["nN"], s["B"] * s["nM"] * s["S"] * 2]
+    return facts + [n <= MAX_ELEMENTS for n in numels]  # every tensor fits in a device's memory
+
+
+def _fwd_preconditions(s, config):
+    """Row offsets ``rows * head_dim`` are i32 in :func:`_load_rows`: the host must keep them in range."""
+    pad_q = s["nM"] * config["BLOCK_M"]
+    pad_k = s["nN"] * config["BLOCK_N"]
+    return [("i32 row offsets: (blocks * BLOCK) * head_dim < 2**31",
+             z3.And(pad_q * s["D"] <= INT32_MAX, pad_q * s["Dv"] <= INT32_MAX,
+                    pad_k * s["D"] <= INT32_MAX, pad_k * s["Dv"] <= INT32_MAX)),
+            ("i32 state row: num_splits * batch < 2**31", s["S"] * s["B"] <= INT32_MAX)]
+
+
+def _geometry(s, config):
+    return MaskGeometry(s["Sq"], s["Sk"], CAUSAL_MODES[config["CAUSAL"]])
+
+
+def _row_end(which):
+    def contract(index, value, s, config, context):
+        b, i = index
+        lo, hi = key_interval(i, _geometry(s, config))
+        end = z3.If(lo < 0, 0, z3.If(lo > s["Sk"], s["Sk"], lo)) if which == 0 else \
+            z3.If(hi < -1, -1, z3.If(hi > s["Sk"] - 1, s["Sk"] - 1, hi))
+        return value == end  # the host's _row_interval_tables: key_interval, clamped to the keys that exist
+    return contract
+
+
+def _classes(index, value, s, config, context):
+    """Class table entries; FULL only when every (unclipped) pair of the tile may attend
+    (obligation 5, tile classification, proves ``schedule.tile_class`` sound)."""
+    b, bm, bn = index
+    facts = [z3.Or(value == SKIP, value == PARTIAL, value == FULL)]
+    if "i" in context:
+        block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
+        i, j = context["i"], context["j"]
+        inside = z3.And(bm * block_m <= i, i < bm * block_m + block_m, bn * block_n <= j, j < bn * block_n + block_n)
+        facts.append(z3.Implies(z3.And(value == FULL, inside, b == context["b"]),
+                                may_attend(i, j, _geometry(s, config))))
+    return z3.And(facts)
+
+
+def _splits(index, value, s, config, context):
+    """Split ranges lie within the key blocks (obligation 11: they partition the visited range)."""
+    return z3.And(0 <= value, value <= s["nN"])
+
+
+def _state(*extra):
+    return TensorRole(("S", "B", "Hq", "Sq", *extra), program={0: "split", 1: "b", 2: "h"}, seq=3,
+                      feature=4 if extra else None, tile="query", output=True)
+
+
+_FWD_BASE = dict(HAS_ATTN_MASK=False, HAS_KEEP=False, HAS_SOFTCAP=False, HAS_BIAS=False,
+                 BLOCK_M=128, BLOCK_N=64, BLOCK_D=64, BLOCK_DV=64, BF16_VIA_FP32=False)
+
+FORWARD = LaunchDescription(
+    kernel="attnformal.kernels.triton_flash:_attn_fwd",
+    sizes=("B", "Hq", "G", "Hkv", "Sq", "Sk", "D", "Dv", "S", "nM", "nN"),
+    arguments=dict(batch="B", heads_q="Hq", group="G", seq_q="Sq", seq_k="Sk", head_dim="D", head_dim_v="Dv",
+                   num_q_blocks="nM", num_kv_blocks="nN", num_splits="S"),
+    tensors=dict(
+        Q=TensorRole(("B", "Hq", "Sq", "D"), program={0: "b", 1: "h"}, seq=2, feature=3, tile="query"),
+        K=TensorRole(("B", "Hkv", "Sk", "D"), program={0: "b", 1: "kv_head"}, seq=2, feature=3, tile="key"),
+        V=TensorRole(("B", "Hkv", "Sk", "Dv"), program={0: "b", 1: "kv_head"}, seq=2, feature=3, tile="key"),
+        M_PART=_state(), L_PART=_state(), ACC_PART=_state("Dv"),
+        ROW_LO=TensorRole(("B", "Sq"), contract=_row_end(0)),
+        ROW_HI=TensorRole(("B", "Sq"), contract=_row_end(1)),
+        CLASSES=TensorRole(("B", "nM", "nN"), contract=_classes),
+        KV_SPLITS=TensorRole(("B", "nM", "S", "2"), contract=_splits, decode=False),
+        SCALARS=TensorRole(("3",)),
+    ),
+    configs=[dict(_FWD_BASE, CAUSAL=mode) for mode in range(len(CAUSAL_MODES))],
+    grid=_fwd_grid, program=_fwd_program, constraints=_fwd_constraints, preconditions=_fwd_preconditions,
+    geometry=_geometry, key_loop=("KV_SPLITS", 3), block=lambda config: (config["BLOCK_M"], config["BLOCK_N"]),
+    pointer_types={name: "*i32" for name in ("ROW_LO", "ROW_HI", "CLASSES", "KV_SPLITS")}
+    | {"ATTN_MASK": "*i8", "KEEP": "*i8"},
+)
+
+LAUNCHES = {FORWARD.kernel: FORWARD}

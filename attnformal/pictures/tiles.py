@@ -57,10 +57,14 @@ class TileMap:
         return max([len(p) for p in self.parts] + [1])
 
 
+class TooLarge(ValueError):
+    """A shape with more tiles than a picture can show (a usage error on --shape; a refutation at Sk near 2^31)."""
+
+
 def _check_size(g: MaskGeometry, block_m: int, block_n: int):
     rows, cols = ops.cdiv(g.len_q, block_m), ops.cdiv(g.len_k, block_n)
     if rows > MAX_BLOCKS or cols > MAX_BLOCKS:
-        raise ValueError(f"argument '--shape': {rows} x {cols} tiles of {block_m} x {block_n}; expected at most "
+        raise TooLarge(f"argument '--shape': {rows} x {cols} tiles of {block_m} x {block_n}; expected at most "
                          f"{MAX_BLOCKS} per direction (a larger block or a smaller shape)")
 
 
@@ -290,7 +294,7 @@ def refutation_pictures(chosen, checks, controls, folder, not_drawn: list | None
     for cls, proof, prefix in refuted:
         try:
             tile_map = refutation_map(cls, proof)
-        except ValueError as too_large:
+        except TooLarge as too_large:
             if not_drawn is not None:
                 not_drawn.append(f"{prefix}{cls.__name__} [{proof.case}]: {str(too_large).partition(': ')[2]}")
             continue

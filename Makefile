@@ -30,8 +30,12 @@ endif
 prove: $(VENV)/.installed
 	$(PY) -m attnformal.prove
 
+# The main run spreads the tests over worker processes (pytest-xdist; one per core, at most 4: each
+# worker holds its own torch) and lists the slowest, so a test that grows shows in CI's log.
+TEST_WORKERS ?= $(shell python3 -c "import os; print(min(os.cpu_count() or 1, 4))")
+
 test: $(VENV)/.installed
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=25
 	$(PY) tools/numerics_reruns.py
 
 bench: $(VENV)/.installed

@@ -101,7 +101,8 @@ class Lost:
             return f"{who} crashed: {self.detail}"
         if self.code is not None and self.code < 0:
             return f"{who} crashed: signal {_signal_name(-self.code)}"
-        return f"{who} exited the process (status {self.code})"
+        return f"{who} exited the process (status {self.code})" if self.running is not None else \
+            f"{who} exited (status {self.code})"
 
     @property
     def where(self) -> str:

@@ -28,7 +28,7 @@ def load_impl(target: str, argument: str = "--impl"):
         sys.path.insert(0, str(path.parent.resolve()))  # so the file can import its neighbours
         try:
             guarded(module_spec.loader.exec_module, module)
-        except (Exception, Exited) as err:  # a syntax error, a failed import inside the file, ...: one line, not a traceback
+        except (Exception, Exited) as err:  # a syntax error, a failed import, an exit: one line, not a traceback
             del sys.modules[module_spec.name]
             raise ValueError(f"argument '{argument}': {where} failed to import: {_one_line(err)}") from None
         finally:

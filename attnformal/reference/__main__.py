@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("\ncancelled: nothing was written", file=sys.stderr)
         return 130
-    except Exception as err:  # a defect of attnformal, not of the arguments or the implementation: never FAIL's code
+    except Exception as err:  # a defect of attnformal, not of the arguments nor of the kernel: never FAIL's code
         return cli.internal_error(err)
 
 

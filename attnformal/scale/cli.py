@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"\ncancelled: nothing was written to {args.out}", file=sys.stderr)
         return 130
-    except Exception as err:  # a defect of attnformal, not of the arguments or the implementation: never FAIL's code
+    except Exception as err:  # a defect of attnformal, not of the arguments nor of the kernel: never FAIL's code
         return cli.internal_error(err)
     finally:
         torch.set_num_threads(threads)  # a caller in the same process (a test session) keeps its own

@@ -155,7 +155,7 @@ def main(argv=None) -> int:
         except KeyboardInterrupt:  # while a cluster starts, or during a replay; a battery run reports what finished
             print("interrupted", file=sys.stderr)
             return EXIT_CODES["INTERRUPTED"]
-        except Exception as err:  # a defect of attnformal, not of the arguments or the implementation: never FAIL's code
+        except Exception as err:  # a defect of attnformal, not of the arguments nor of the kernel: never FAIL's code
             return cli.internal_error(err)
 
 

@@ -1,13 +1,15 @@
 """``python -m attnformal.reference``: write golden files and check implementations against them.
 
     generate --shape B,Hq,Hkv,Sq,Sk,D[,Dv] --dtype bf16 --seed N --out FILE [--workers N | --cluster ADDRESS] [options]
-    check FILE --impl IMPL [--rtol R --atol A] [--device DEV]
+    check FILE --impl IMPL [--rtol R --atol A] [--device DEV] [--isolate | --no-isolate] [--case-timeout S]
 
 Exit status (:data:`attnformal.cli.EXIT_CODES`): 0 written / passed, 1 check failed (wrong
-values, or the implementation raised, exited or broke the protocol), 2 bad arguments, an
-unusable file or a case that cannot be computed here, 3 INCOMPLETE (the lse or a gradient was
-never checked and neither --no-lse nor --forward-only waived it), 130 cancelled (Ctrl-C;
-nothing is written).
+values, or the implementation raised, exited, crashed, hung or broke the protocol), 2 bad
+arguments, an unusable file or a case that cannot be computed here, 3 INCOMPLETE (the lse or a
+gradient was never checked and neither --no-lse nor --forward-only waived it) or NOTHING
+VERIFIED (the implementation refuses the case), 4 an internal error, 130 cancelled (Ctrl-C;
+nothing is written). A user's file or module runs in a worker process
+(:mod:`attnformal.execution`), each call bounded by --case-timeout.
 """
 
 from __future__ import annotations
@@ -209,9 +211,9 @@ def _check(args) -> int:
           + f"seed {case.meta['seed']}; reference {case.meta['reference']['tier']} tier)")
     print(f"impl:   {args.impl}")
     kind, found = _checked(case, impl, args)
-    if kind == "unsupported":
-        print(f"error: unsupported by the implementation: {found}", file=sys.stderr)
-        return 2
+    if kind == "unsupported":  # as verify says of a kernel that refuses every case
+        print(f"NOTHING VERIFIED: the implementation does not support this case ({found})")
+        return cli.EXIT_CODES["NOTHING VERIFIED"]
     if kind == "FAIL":
         print(f"FAIL: {found}")
         return cli.EXIT_CODES["FAIL"]

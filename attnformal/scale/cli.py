@@ -1,10 +1,11 @@
 """``python -m attnformal.scale``: sweep one parameter, fit exponents, explain them.
 
 Exit status (:data:`attnformal.cli.EXIT_CODES`): 0 when every implementation got a time exponent
-under every mask family; 1 when some fit was refused (too few points, or overhead-dominated), some
-implementation refused every point of a family (nothing measured), or one exited, crashed or
-hung (a FAIL: nothing is written); 2 for bad arguments; 4 for an internal error; 130 when
-cancelled (Ctrl-C). A user's file or module is swept in a worker process
+under every mask family; 1 (FAIL) when some fit was refused (too few points, or overhead-dominated),
+a series measured nothing because its calls failed, or an implementation exited, crashed or hung
+(nothing is written then); 2 for bad arguments; 3 (NOTHING VERIFIED) when the only trouble is a
+series whose every point the implementation refused (``NotImplementedError``); 4 for an internal
+error; 130 when cancelled (Ctrl-C). A user's file or module is swept in a worker process
 (:mod:`attnformal.execution`), each call bounded by ``--case-timeout``.
 Results go to ``--out``, by default ``out/scale/<impl>`` (``out/scale/<impl>-vs-<vs>``).
 """
@@ -30,7 +31,7 @@ from attnformal.scale.fit import OVERHEAD_FACTOR
 from attnformal.scale.measure import Device
 from attnformal.scale.problem import SWEEP_PARAMS, Problem, parse_mask, parse_sweep
 from attnformal.scale.report import prepare_out, ratio_table, series_table, to_json, write_csv, write_json
-from attnformal.scale.sweep import Settings, Watch, load_candidate, run_sweep, sweep_in_worker
+from attnformal.scale.sweep import UNSUPPORTED, Settings, Watch, load_candidate, run_sweep, sweep_in_worker
 from attnformal.spec import SUPPORTED_DTYPES
 
 PROG = "python -m attnformal.scale"
@@ -108,8 +109,7 @@ def main(argv=None) -> int:
 
 
 def run(argv, args, candidates, masks, base, sweep, settings) -> int:
-    """Measure, print the tables, write JSON, CSV and PNG; 1 if a time fit was refused or a
-    series measured nothing."""
+    """Measure, print the tables, write JSON, CSV and PNG; the exit code of :func:`_verdict`."""
     runs = _measured(args, candidates, masks, base, sweep, settings)
     if isinstance(runs, str):  # the implementation exited, crashed or hung: no result to write
         print(f"FAIL: {runs}")
@@ -139,7 +139,14 @@ def run(argv, args, candidates, masks, base, sweep, settings) -> int:
         reasons = sorted({p.failure for p in series.points})
         print(f"NOTHING MEASURED: {series.candidate.label} under mask {series.mask.label}: every point was refused "
               f"({'; '.join(reasons)})", file=sys.stderr)
-    return 1 if refused or unmeasured else 0
+    return cli.EXIT_CODES[_verdict(refused, unmeasured)]
+
+
+def _verdict(refused: bool, unmeasured) -> str:
+    """FAIL for a refused fit or a point that failed; NOTHING VERIFIED when the only trouble is a series
+    whose every point the implementation refused (NotImplementedError); else PASS."""
+    failed = any(not (p.failure or "").startswith(UNSUPPORTED) for series in unmeasured for p in series.points)
+    return "FAIL" if refused or failed else "NOTHING VERIFIED" if unmeasured else "PASS"
 
 
 def _measured(args, candidates, masks, base, sweep, settings):

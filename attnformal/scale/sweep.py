@@ -26,6 +26,7 @@ from attnformal.scale.problem import MaskFamily, Problem, Sweep
 from attnformal.scale.work import Work, predict_work
 
 FLOOR_REPEATS = 20  # the trivial call is cheap: many samples make its median solid
+UNSUPPORTED = "unsupported: "  # how a point the implementation refused (NotImplementedError) says so
 
 
 @dataclass(frozen=True)
@@ -228,7 +229,7 @@ def _warm_up(call, times: int, device: Device, label: str, watch: Watch) -> tupl
         for _ in range(times):
             last = watch(label, device.time_once, call)
     except NotImplementedError as err:
-        return math.nan, f"unsupported: {err}"
+        return math.nan, f"{UNSUPPORTED}{err}"
     except torch.cuda.OutOfMemoryError:  # torch.OutOfMemoryError on every device since torch 2.5
         return math.nan, "out of memory"
     except Exception as err:  # e.g. the CPU allocator's "can't allocate memory", or a bug at this size

@@ -101,6 +101,11 @@ def test_reference_check_fails_a_kernel_that_exits_the_process(capsys, golden_fi
     assert "Traceback" not in text
 
 
+def test_reference_check_of_a_kernel_that_supports_nothing_verified_nothing(capsys, golden_file, kernels):
+    code, text = check(capsys, golden_file, kernels, "supports_nothing")
+    assert code == 3 and "NOTHING VERIFIED: the implementation does not support this case (nothing)" in text
+
+
 def test_reference_check_fails_a_kernel_that_crashes_or_hangs(capsys, golden_file, kernels):
     code, text = check(capsys, golden_file, kernels, "segfaults")  # isolated: the default for FILE.py:FUNC
     assert code == 1 and "FAIL: the implementation crashed: signal SIGSEGV while running the implementation" in text
@@ -183,6 +188,11 @@ def test_scale_fails_a_kernel_that_exits_crashes_or_hangs_and_writes_nothing(cap
     assert code == 1, text
     assert f"FAIL: {message}" in text and "on a 1-token problem (mask dense)" in text
     assert "Traceback" not in text and not (out / "sweep.json").exists()
+
+
+def test_scale_of_a_kernel_that_supports_nothing_verified_nothing(capsys, tmp_path, kernels):
+    code, text, out = scale(capsys, tmp_path, f"{kernels}:supports_nothing")
+    assert code == 3 and "every point was refused (unsupported: nothing)" in text, text  # not FAIL's 1, nor 0
 
 
 def verify(capsys, impl, tmp_path, *extra):

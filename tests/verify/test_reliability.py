@@ -101,6 +101,17 @@ def test_reference_check_fails_a_kernel_that_exits_the_process(capsys, golden_fi
     assert "Traceback" not in text
 
 
+def test_a_module_that_exits_while_it_is_imported_is_a_usage_error(capsys, tmp_path, golden_file):
+    module = tmp_path / "exits_at_import.py"
+    module.write_text("import sys\nsys.exit(0)\n\ndef attention(q, k, v, **kwargs):\n    pass\n")
+    message = f"argument '--impl': {module} failed to import: exited the process (status 0: sys.exit(0))"
+    assert reference_main(["check", golden_file, "--impl", f"{module}:attention"]) == 2
+    assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        verify_main(["--impl", f"{module}:attention", "--repro-dir", str(tmp_path)])
+    assert exited.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_reference_check_of_a_kernel_that_supports_nothing_verified_nothing(capsys, golden_file, kernels):
     code, text = check(capsys, golden_file, kernels, "supports_nothing")
     assert code == 3 and "NOTHING VERIFIED: the implementation does not support this case (nothing)" in text

@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import stat
+import sys
 import tempfile
 import textwrap
 from pathlib import Path
@@ -43,6 +44,18 @@ def __getattr__(name):
 # a full disk) has its own code, never FAIL's.
 EXIT_CODES = {"PASS": 0, "FAIL": 1, "USAGE": 2, "NOTHING VERIFIED": 3, "INCOMPLETE": 3, "INTERNAL ERROR": 4,
               "INTERRUPTED": 130}
+
+
+class InternalError(RuntimeError):
+    """A defect of attnformal itself (not of the arguments, nor of the implementation under test)."""
+
+
+def internal_error(err: Exception) -> int:
+    """Say, in one line, that attnformal itself failed; :data:`EXIT_CODES`' code for it (never FAIL's)."""
+    text = str(err).strip().splitlines()
+    print(f"internal error: {type(err).__name__}: {text[0] if text else ''} (a defect of attnformal, or of this "
+          "machine: please report it)", file=sys.stderr)
+    return EXIT_CODES["INTERNAL ERROR"]
 
 
 class UsageError(ValueError):

@@ -7,6 +7,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from attnformal.execution import Exited, guarded
+
 
 def load_impl(target: str, argument: str = "--impl"):
     """The attribute named by ``target``: ``package.module:func`` or ``path/to/file.py:func``.
@@ -25,16 +27,16 @@ def load_impl(target: str, argument: str = "--impl"):
         sys.modules[module_spec.name] = module  # dataclasses and pickling look the module up by name
         sys.path.insert(0, str(path.parent.resolve()))  # so the file can import its neighbours
         try:
-            module_spec.loader.exec_module(module)
-        except Exception as err:  # a syntax error, a failed import inside the file, ...: one line, not a traceback
+            guarded(module_spec.loader.exec_module, module)
+        except (Exception, Exited) as err:  # a syntax error, a failed import, an exit: one line, not a traceback
             del sys.modules[module_spec.name]
             raise ValueError(f"argument '{argument}': {where} failed to import: {_one_line(err)}") from None
         finally:
             sys.path.remove(str(path.parent.resolve()))
     else:
         try:
-            module = importlib.import_module(where)
-        except Exception as err:
+            module = guarded(importlib.import_module, where)
+        except (Exception, Exited) as err:
             raise ValueError(f"argument '{argument}': cannot import {where!r}: {_one_line(err)}") from None
     try:
         return getattr(module, name)
@@ -44,5 +46,7 @@ def load_impl(target: str, argument: str = "--impl"):
 
 def _one_line(err: BaseException) -> str:
     """``SyntaxError: invalid syntax (kernel.py, line 3)``: the exception's type and first line."""
+    if isinstance(err, Exited):  # sys.exit or os._exit at import: the module never finished loading
+        return str(err).replace("the implementation ", "", 1)
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__

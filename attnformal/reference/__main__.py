@@ -1,18 +1,21 @@
 """``python -m attnformal.reference``: write golden files and check implementations against them.
 
     generate --shape B,Hq,Hkv,Sq,Sk,D[,Dv] --dtype bf16 --seed N --out FILE [--workers N | --cluster ADDRESS] [options]
-    check FILE --impl IMPL [--rtol R --atol A] [--device DEV]
+    check FILE --impl IMPL [--rtol R --atol A] [--device DEV] [--isolate | --no-isolate] [--case-timeout S]
 
 Exit status (:data:`attnformal.cli.EXIT_CODES`): 0 written / passed, 1 check failed (wrong
-values, or the implementation raised, exited or broke the protocol), 2 bad arguments, an
-unusable file or a case that cannot be computed here, 3 INCOMPLETE (the lse or a gradient was
-never checked and neither --no-lse nor --forward-only waived it), 130 cancelled (Ctrl-C;
-nothing is written).
+values, or the implementation raised, exited, crashed, hung or broke the protocol), 2 bad
+arguments, an unusable file or a case that cannot be computed here, 3 INCOMPLETE (the lse or a
+gradient was never checked and neither --no-lse nor --forward-only waived it) or NOTHING
+VERIFIED (the implementation refuses the case), 4 an internal error, 130 cancelled (Ctrl-C;
+nothing is written). A user's file or module runs in a worker process
+(:mod:`attnformal.execution`), each call bounded by --case-timeout.
 """
 
 from __future__ import annotations
 
 import argparse
+import pickle
 import shutil
 import sys
 import time
@@ -24,7 +27,8 @@ from attnformal.distributed import EngineMissing, open_executor
 from attnformal.features import FEATURES, feature
 from attnformal.reference import cost, golden
 from attnformal.reference.certified import CertificationError
-from attnformal.reference.check import ImplementationError, loose_radius
+from attnformal.execution import Worker, isolated_by_default
+from attnformal.reference.check import loose_radius
 from attnformal.spec import SpecError
 
 PROG = "python -m attnformal.reference"
@@ -50,6 +54,8 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("\ncancelled: nothing was written", file=sys.stderr)
         return 130
+    except Exception as err:  # a defect of attnformal, not of the arguments nor of the kernel: never FAIL's code
+        return cli.internal_error(err)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -101,6 +107,11 @@ def _parser() -> argparse.ArgumentParser:
     chk.add_argument("--forward-only", action="store_true",
                      help="check no gradients (else a kernel without backward is INCOMPLETE, exit 3)")
     chk.add_argument("--no-lse", action="store_true", help="check no lse (else a kernel without it is INCOMPLETE)")
+    chk.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
+                     help="run the implementation in a worker process, so a crash or a hang is its FAIL "
+                          "(default for MODULE:FUNC and FILE.py:FUNC)")
+    chk.add_argument("--case-timeout", type=cli.seconds, default=300.0, metavar="S",
+                     help="isolated: seconds one call may take before it is a FAIL (%(default)g)")
     chk.set_defaults(run=_check)
     return parser
 
@@ -185,7 +196,7 @@ def _check_radii(result, dtype, args):
 
 
 def _check(args) -> int:
-    from attnformal.reference.check import format_report, run_check
+    from attnformal.reference.check import format_report
 
     if Path(args.file).is_dir():
         raise ValueError(f"argument FILE: {args.file!r} is a folder, expected a golden file (.npz)")
@@ -199,17 +210,37 @@ def _check(args) -> int:
                     if not f.tensor and (f.name in SHOWN or f.active(getattr(spec, f.name))))
           + f"seed {case.meta['seed']}; reference {case.meta['reference']['tier']} tier)")
     print(f"impl:   {args.impl}")
-    try:
-        report = run_check(case, impl, rtol=args.rtol, atol=args.atol, device=args.device)
-    except NotImplementedError as err:
-        print(f"error: unsupported by the implementation: {err}", file=sys.stderr)
-        return 2
-    except ImplementationError as err:
-        print(f"FAIL: {err}")
+    kind, found = _checked(case, impl, args)
+    if kind == "unsupported":  # as verify says of a kernel that refuses every case
+        print(f"NOTHING VERIFIED: the implementation does not support this case ({found})")
+        return cli.EXIT_CODES["NOTHING VERIFIED"]
+    if kind == "FAIL":
+        print(f"FAIL: {found}")
         return cli.EXIT_CODES["FAIL"]
-    verdict = report.verdict(forward_only=args.forward_only, no_lse=args.no_lse)
-    print(format_report(report, verdict))
+    verdict = found.verdict(forward_only=args.forward_only, no_lse=args.no_lse)
+    print(format_report(found, verdict))
     return cli.EXIT_CODES[verdict]
+
+
+def _checked(case, impl, args) -> tuple[str, object]:
+    """:func:`.check.checked` of the case, in a worker process when isolated (the default for a
+    user's file or module): a crash, a hang or an exit there is the implementation's FAIL."""
+    from attnformal.reference.check import check_in_worker, checked
+
+    isolate = isolated_by_default(args.impl) if args.isolate is None else args.isolate
+    if not isolate:
+        return checked(case, impl, rtol=args.rtol, atol=args.atol, device=args.device)
+    worker = Worker(check_in_worker, pickle.dumps((args.impl, args.rtol, args.atol, args.device)),
+                    timeout=args.case_timeout, option="--case-timeout", name="attnformal-reference-check")
+    try:
+        outcome = worker.run(case)
+    finally:
+        worker.close()
+    if outcome.lost is not None:
+        return "FAIL", outcome.lost.where
+    if outcome.error is not None:
+        raise cli.InternalError(f"the check raised in its worker process: {outcome.error.strip().splitlines()[-1]}")
+    return outcome.value
 
 
 class ProgressBar:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from attnformal.execution import Exited, guarded
 from attnformal.reference.golden import Golden
 from attnformal.testing import check_term, tolerance_for
 
@@ -74,17 +75,18 @@ class ImplementationError(Exception):
 
 
 def run_check(golden: Golden, impl, *, rtol: float | None = None, atol: float | None = None,
-              device: str = "cpu") -> CheckReport:
+              device: str = "cpu", channel=None) -> CheckReport:
     """Run ``impl`` (forward and, if its output is differentiable, backward) on the golden inputs
-    and compare every output; :class:`ImplementationError` when it raises or breaks the protocol,
-    ``NotImplementedError`` (from ``impl``) when it does not support the case."""
-    produced, skipped = _forward_backward(golden, impl, device)
+    and compare every output; :class:`ImplementationError` when it raises, exits or breaks the
+    protocol, ``NotImplementedError`` (from ``impl``) when it does not support the case.
+    ``channel`` (in a worker, :class:`attnformal.execution.Channel`) is told when each call starts and ends."""
+    produced, skipped = _forward_backward(golden, impl, device, channel)
     tensors = [compare(name, value.detach().cpu(), *golden.reference[name], rtol=rtol, atol=atol)
                for name, value in produced.items()]
     return CheckReport(tensors=tensors, skipped=skipped)
 
 
-def _forward_backward(golden: Golden, impl, device: str) -> tuple[dict, list]:
+def _forward_backward(golden: Golden, impl, device: str, channel) -> tuple[dict, list]:
     """``({name: tensor}, [(name, why skipped)])`` of ``impl`` on the golden case."""
     x = {name: t.to(device) for name, t in golden.inputs.items()}
     kwargs = {name: (value.to(device) if isinstance(value, torch.Tensor) else value)
@@ -94,9 +96,9 @@ def _forward_backward(golden: Golden, impl, device: str) -> tuple[dict, list]:
                   if f"d{name}" in golden.reference}  # their gradients are judged too
     kwargs.update(parameters)
     try:
-        result, no_lse = _call("the implementation", impl, *leaves, return_lse=True, **kwargs), None
+        result, no_lse = _call(channel, "the implementation", impl, *leaves, return_lse=True, **kwargs), None
     except NotImplementedError as err:  # perhaps only the lse: try without it
-        result, no_lse = _call("the implementation", impl, *leaves, **kwargs), f"not supported ({err})"
+        result, no_lse = _call(channel, "the implementation", impl, *leaves, **kwargs), f"not supported ({err})"
     out, lse = result if isinstance(result, tuple) and len(result) == 2 else (result, None)
     produced, skipped = {"out": _expect_tensor("out", out, golden)}, []
     if lse is None:
@@ -106,7 +108,7 @@ def _forward_backward(golden: Golden, impl, device: str) -> tuple[dict, list]:
     if not out.requires_grad:
         return produced, skipped + [(name, "the output is not differentiable (forward only)")
                                     for name in ("dq", "dk", "dv", *(f"d{n}" for n in parameters))]
-    _call("its backward", out.backward, x["grad_out"].to(out.dtype))
+    _call(channel, "its backward", out.backward, x["grad_out"].to(out.dtype))
     named = {**dict(zip(("dq", "dk", "dv"), leaves)), **{f"d{name}": t for name, t in parameters.items()}}
     for name, leaf in named.items():
         if leaf.grad is None:
@@ -116,16 +118,44 @@ def _forward_backward(golden: Golden, impl, device: str) -> tuple[dict, list]:
     return produced, skipped
 
 
-def _call(what: str, fn, *args, **kwargs):
+def _call(channel, what: str, fn, *args, **kwargs):
+    if channel is not None:
+        channel.calling(what)
     try:
-        return fn(*args, **kwargs)
+        return guarded(fn, *args, **kwargs)
     except NotImplementedError:
         raise
-    except SystemExit as err:  # a kernel that exits has not produced a result: a FAIL, never exit 0
-        raise ImplementationError(f"{what} called sys.exit({err.code!r})") from None
+    except Exited as err:  # a kernel that exits has not produced a result: a FAIL, never exit 0
+        raise ImplementationError(str(err)) from None
     except Exception as err:
         first = (str(err).strip().splitlines() or [""])[0]
         raise ImplementationError(f"{what} raised {type(err).__name__}: {first}") from err
+    finally:
+        if channel is not None:
+            channel.returned()
+
+
+def checked(golden: Golden, impl, *, rtol=None, atol=None, device="cpu", channel=None) -> tuple[str, object]:
+    """:func:`run_check` as a value: ``("report", CheckReport)``, ``("FAIL", message)`` or
+    ``("unsupported", message)``."""
+    try:
+        return "report", run_check(golden, impl, rtol=rtol, atol=atol, device=device, channel=channel)
+    except NotImplementedError as err:
+        return "unsupported", str(err)
+    except ImplementationError as err:
+        return "FAIL", str(err)
+
+
+def check_in_worker(state: tuple, golden: Golden, channel) -> tuple[str, object]:
+    """:func:`checked` in a worker process (:class:`attnformal.execution.Worker`'s handler); ``state``
+    is ``(target, rtol, atol, device)``."""
+    from attnformal.adapters import resolve
+
+    target, rtol, atol, device = state
+    channel.calling(f"loading {target}")
+    impl = resolve(target)  # resolved in the parent already: an import that exits is a usage error there
+    channel.returned()
+    return checked(golden, impl, rtol=rtol, atol=atol, device=device, channel=channel)
 
 
 def _expect_tensor(name: str, value, golden: Golden) -> torch.Tensor:

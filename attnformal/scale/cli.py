@@ -1,9 +1,12 @@
 """``python -m attnformal.scale``: sweep one parameter, fit exponents, explain them.
 
-Exit status: 0 when every implementation got a time exponent under every mask family;
-1 when some fit was refused (too few points, or overhead-dominated) or some
-implementation refused every point of a family (nothing measured); 2 for bad arguments;
-130 when cancelled (Ctrl-C).
+Exit status (:data:`attnformal.cli.EXIT_CODES`): 0 when every implementation got a time exponent
+under every mask family; 1 (FAIL) when some fit was refused (too few points, or overhead-dominated),
+a series measured nothing because its calls failed, or an implementation exited, crashed or hung
+(nothing is written then); 2 for bad arguments; 3 (NOTHING VERIFIED) when the only trouble is a
+series whose every point the implementation refused (``NotImplementedError``); 4 for an internal
+error; 130 when cancelled (Ctrl-C). A user's file or module is swept in a worker process
+(:mod:`attnformal.execution`), each call bounded by ``--case-timeout``.
 Results go to ``--out``, by default ``out/scale/<impl>`` (``out/scale/<impl>-vs-<vs>``).
 """
 
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import pickle
 import platform
 import shlex
 import sys
@@ -19,6 +23,7 @@ from pathlib import Path
 import torch
 
 from attnformal import cli
+from attnformal.execution import Exited, Worker, isolated_by_default
 from attnformal.kernels.torch_tiled import DEFAULT_SCHEDULE
 from attnformal.schedule import TileSchedule
 from attnformal.scale.analysis import TOLERANCE, analyse, analyse_ratio
@@ -26,7 +31,7 @@ from attnformal.scale.fit import OVERHEAD_FACTOR
 from attnformal.scale.measure import Device
 from attnformal.scale.problem import SWEEP_PARAMS, Problem, parse_mask, parse_sweep
 from attnformal.scale.report import prepare_out, ratio_table, series_table, to_json, write_csv, write_json
-from attnformal.scale.sweep import Settings, load_candidate, run_sweep
+from attnformal.scale.sweep import UNSUPPORTED, Settings, Watch, load_candidate, run_sweep, sweep_in_worker
 from attnformal.spec import SUPPORTED_DTYPES
 
 PROG = "python -m attnformal.scale"
@@ -42,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         usage=f"{PROG} --impl IMPL [--vs IMPL] [--sweep P=LO..HI] [--mask M ...] [options]",
         description="Sweep one parameter of an attention implementation; fit time and memory exponents "
                     "and compare them with the work the tiling schedule predicts.")
-    p.add_argument("--impl", required=True, help="an adapter (torch-tiled, sdpa, flex, ...), MODULE:FUNC, FILE.py:FUNC")
+    p.add_argument("--impl", required=True, help="an alias (sdpa, ...), MODULE:FUNC or FILE.py:FUNC")
     p.add_argument("--vs", metavar="IMPL", help="a second one, measured interleaved with --impl")
     p.add_argument("--sweep", nargs="+", default=[DEFAULT_SWEEP], metavar="P=LO..HI",
                    help=f"or P=V1,V2,...; P: {', '.join(SWEEP_PARAMS)} (default {DEFAULT_SWEEP})")
@@ -52,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=SUPPORTED_DTYPES, metavar="DTYPE",
                    help=f"{', '.join(SUPPORTED_DTYPES)} (float32)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or npu (cpu)")
-    p.add_argument("--clock", default="wall", choices=("wall", "process"),
+    p.add_argument("--clock", default="wall", choices=("wall", "process"), metavar="CLOCK",
                    help="CPU timer: wall, or process CPU time (wall)")
     p.add_argument("--backward", action="store_true", help="time forward + backward")
     p.add_argument("--batch", type=POSITIVE, default=1, metavar="B", help="batch (1)")
@@ -74,8 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"exponent difference still consistent ({TOLERANCE})")
     p.add_argument("--threads", type=POSITIVE, metavar="T", help="torch CPU threads (1 on cpu)")
     p.add_argument("--seed", type=int, default=0, help="seed of the inputs and the bootstrap (0)")
+    p.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
+                   help="in a worker process (default for FILE.py, MODULE)")
+    p.add_argument("--case-timeout", type=cli.seconds, default=300.0, metavar="S",
+                   help="isolated: seconds a call may take (300)")
     p.add_argument("--out", type=Path, metavar="DIR",
-                   help=f"folder of the results (default {DEFAULT_OUT}/IMPL[-vs-IMPL])")
+                   help=f"results folder ({DEFAULT_OUT}/IMPL[-vs-IMPL])")
     return p
 
 
@@ -93,14 +102,18 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"\ncancelled: nothing was written to {args.out}", file=sys.stderr)
         return 130
+    except Exception as err:  # a defect of attnformal, not of the arguments nor of the kernel: never FAIL's code
+        return cli.internal_error(err)
     finally:
         torch.set_num_threads(threads)  # a caller in the same process (a test session) keeps its own
 
 
 def run(argv, args, candidates, masks, base, sweep, settings) -> int:
-    """Measure, print the tables, write JSON, CSV and PNG; 1 if a time fit was refused or a
-    series measured nothing."""
-    runs = run_sweep(candidates, masks, base, sweep, settings)
+    """Measure, print the tables, write JSON, CSV and PNG; the exit code of :func:`_verdict`."""
+    runs = _measured(args, candidates, masks, base, sweep, settings)
+    if isinstance(runs, str):  # the implementation exited, crashed or hung: no result to write
+        print(f"FAIL: {runs}")
+        return cli.EXIT_CODES["FAIL"]
     refused, unmeasured = False, []
     for run in runs:
         for series in run.series:
@@ -126,7 +139,38 @@ def run(argv, args, candidates, masks, base, sweep, settings) -> int:
         reasons = sorted({p.failure for p in series.points})
         print(f"NOTHING MEASURED: {series.candidate.label} under mask {series.mask.label}: every point was refused "
               f"({'; '.join(reasons)})", file=sys.stderr)
-    return 1 if refused or unmeasured else 0
+    return cli.EXIT_CODES[_verdict(refused, unmeasured)]
+
+
+def _verdict(refused: bool, unmeasured) -> str:
+    """FAIL for a refused fit or a point that failed; NOTHING VERIFIED when the only trouble is a series
+    whose every point the implementation refused (NotImplementedError); else PASS."""
+    failed = any(not (p.failure or "").startswith(UNSUPPORTED) for series in unmeasured for p in series.points)
+    return "FAIL" if refused or failed else "NOTHING VERIFIED" if unmeasured else "PASS"
+
+
+def _measured(args, candidates, masks, base, sweep, settings):
+    """The sweep's runs, or the FAIL message of an implementation that exited, crashed or hung. In a
+    worker process when isolated (the default for a user's file or module: a crash there is its FAIL)."""
+    targets = [c.label for c in candidates]
+    isolate = any(map(isolated_by_default, targets)) if args.isolate is None else args.isolate
+    if not isolate:
+        watch = Watch()
+        try:
+            return run_sweep(candidates, masks, base, sweep, settings, watch=watch)
+        except Exited as err:
+            return f"{err} while running {watch.label}"
+    worker = Worker(sweep_in_worker, pickle.dumps(torch.get_num_threads()), timeout=args.case_timeout,
+                    option="--case-timeout", name="attnformal-scale")
+    try:
+        outcome = worker.run((targets, masks, base, sweep, settings))
+    finally:
+        worker.close()
+    if outcome.lost is not None:
+        return outcome.lost.where
+    if outcome.error is not None:
+        raise cli.InternalError(f"the sweep raised in its worker process: {outcome.error.strip().splitlines()[-1]}")
+    return outcome.value
 
 
 def configure(args):

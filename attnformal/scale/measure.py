@@ -78,7 +78,7 @@ class Device:
         if clock not in CPU_CLOCKS or (clock != "wall" and name != "cpu"):
             raise ValueError(f"argument '--clock': expected wall, or process with --device cpu, got {clock!r} "
                              f"with --device {name}")
-        self.name = name
+        self.name, self.clock_name = name, clock
         self.backend = None if name == "cpu" else _accelerator_module(name)
         self.clock = CPU_CLOCKS[clock]
         self.timer = {"wall": "wall clock (time.perf_counter; CPU ops are synchronous)",
@@ -91,6 +91,9 @@ class Device:
             if name == "cpu" else
             f"torch.{name}.max_memory_allocated / max_memory_reserved after empty_cache and "
             "reset_peak_memory_stats, minus the level before the call")
+
+    def __reduce__(self):  # to a worker process as its arguments (the backend module cannot travel)
+        return Device, (self.name, self.clock_name)
 
     def torch_device(self) -> torch.device:
         return torch.device(self.name)

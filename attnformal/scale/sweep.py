@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from attnformal.adapters import resolve
+from attnformal.execution import Exited, guarded
 from attnformal.schedule import TileSchedule
 from attnformal.scale.backends import backend_from_ops
 from attnformal.scale.measure import Device, MemoryPeak, Samples, timer_floor
@@ -25,6 +26,7 @@ from attnformal.scale.problem import MaskFamily, Problem, Sweep
 from attnformal.scale.work import Work, predict_work
 
 FLOOR_REPEATS = 20  # the trivial call is cheap: many samples make its median solid
+UNSUPPORTED = "unsupported: "  # how a point the implementation refused (NotImplementedError) says so
 
 
 @dataclass(frozen=True)
@@ -113,19 +115,42 @@ class MaskRun:
     ratio_analysis: Any = None  # the ratio's exponent, set by attnformal.scale.analysis.analyse_ratio
 
 
+class Watch:
+    """How the sweep calls an implementation: :func:`~attnformal.execution.guarded` (a process exit
+    raises :class:`~attnformal.execution.Exited`, the run's FAIL), and announced on a worker's
+    ``channel`` so a call that hangs or crashes is named. Both happen outside the timed region."""
+
+    def __init__(self, channel=None):
+        self.channel = channel
+        self.label = ""  # the call running, or the last one
+
+    def __call__(self, label: str, fn, *args):
+        self.label = label
+        if self.channel is not None:
+            self.channel.calling(label)
+        try:
+            return guarded(fn, *args)
+        finally:
+            if self.channel is not None:
+                self.channel.returned()
+
+
 def run_sweep(candidates: list[Candidate], masks: list[MaskFamily], base: Problem, sweep: Sweep,
-              settings: Settings, log=None) -> list[MaskRun]:
+              settings: Settings, log=None, watch: Watch | None = None) -> list[MaskRun]:
     """Measure every candidate at every point of ``sweep`` for every mask family."""
     log = log or functools.partial(print, file=sys.stderr, flush=True)
+    watch = watch or Watch()
     timing_floor = timer_floor(settings.device)
     runs = []
     for mask in masks:
         first = replace(base, mask=mask).at(sweep.param, sweep.values[0])
-        series = [_floor_series(c, first.trivial(), settings, timing_floor) for c in candidates]
+        series = [_floor_series(c, first.trivial(), settings, timing_floor, watch) for c in candidates]
         run = MaskRun(mask, series)
         for x in sweep.values:
             problem = first.at(sweep.param, x)
-            results, ratio = measure_point([c.fn for c in candidates], problem, x, settings)
+            labels = [f"{c.label} at {sweep.param}={x} (mask {mask.label})" for c in candidates]
+            results, ratio = measure_point([c.fn for c in candidates], problem, x, settings, labels=labels,
+                                           watch=watch)
             for s, result in zip(series, results):
                 s.points.append(result)
             run.ratios.append(ratio)
@@ -134,16 +159,19 @@ def run_sweep(candidates: list[Candidate], masks: list[MaskFamily], base: Proble
     return runs
 
 
-def measure_point(fns: list[Callable], problem: Problem, x: int, settings: Settings):
-    """``([PointResult per fn], ratio samples or None)`` for one problem, the fns interleaved."""
-    device = settings.device
+def measure_point(fns: list[Callable], problem: Problem, x: int, settings: Settings, *, labels=None,
+                  watch: Watch | None = None):
+    """``([PointResult per fn], ratio samples or None)`` for one problem, the fns interleaved;
+    ``labels`` name the fns' calls for ``watch``."""
+    device, watch = settings.device, watch or Watch()
+    labels = labels or [getattr(fn, "__name__", "the implementation") for fn in fns]
     work = predict_work(problem.spec(), settings.schedule, backward=settings.backward)
     q, k, v, grad_out = problem.inputs(device.torch_device(), settings.dtype, settings.seed, settings.backward)
     calls = [_call(fn, problem, q, k, v, grad_out, settings.backward) for fn in fns]
     results = [PointResult(x, problem, work) for _ in fns]
     estimates = {}
     for i, call in enumerate(calls):
-        estimates[i], results[i].failure = _warm_up(call, settings.warmup, device)
+        estimates[i], results[i].failure = _warm_up(call, settings.warmup, device, labels[i], watch)
     live = [i for i in estimates if results[i].failure is None]
     if live:
         estimate = max(estimates[i] for i in live)
@@ -151,10 +179,10 @@ def measure_point(fns: list[Callable], problem: Problem, x: int, settings: Setti
         times = {i: [] for i in live}
         for r in range(repeats):
             for i in live if r % 2 == 0 else reversed(live):  # A B, B A, ...: drift hits both
-                times[i].append(device.time_once(calls[i]))
+                times[i].append(watch(labels[i], device.time_once, calls[i]))
         for i in live:
             results[i].samples = Samples(tuple(times[i]))
-            results[i].memory = device.peak_memory(calls[i])
+            results[i].memory = watch(labels[i], device.peak_memory, calls[i])
     ratio = None
     if len(fns) == 2 and live == [0, 1]:
         ratio = Samples(tuple(a / b for a, b in zip(times[0], times[1])))
@@ -164,17 +192,19 @@ def measure_point(fns: list[Callable], problem: Problem, x: int, settings: Setti
     return results, ratio
 
 
-def _floor_series(candidate: Candidate, trivial: Problem, settings: Settings, timing_floor: float) -> Series:
+def _floor_series(candidate: Candidate, trivial: Problem, settings: Settings, timing_floor: float,
+                  watch: Watch) -> Series:
     """A series whose floor is the candidate's cost on a 1-token problem of the same family."""
     device = settings.device
     q, k, v, grad_out = trivial.inputs(device.torch_device(), settings.dtype, settings.seed, settings.backward)
     call = _call(candidate.fn, trivial, q, k, v, grad_out, settings.backward)
+    label = f"{candidate.label} on a 1-token problem (mask {trivial.mask.label})"
     series = Series(candidate, trivial.mask)
-    if _warm_up(call, 3, device)[1] is not None:
+    if _warm_up(call, 3, device, label, watch)[1] is not None:
         return series  # unsupported family: every point will say so
-    samples = Samples(tuple(device.time_once(call) for _ in range(FLOOR_REPEATS)))
+    samples = Samples(tuple(watch(label, device.time_once, call) for _ in range(FLOOR_REPEATS)))
     series.floor = max(samples.median, timing_floor)
-    series.floor_memory = device.peak_memory(call).allocated
+    series.floor_memory = watch(label, device.peak_memory, call).allocated
     return series
 
 
@@ -189,7 +219,7 @@ def _call(fn, problem: Problem, q, k, v, grad_out, backward: bool):
     return forward_backward
 
 
-def _warm_up(call, times: int, device: Device) -> tuple[float, str | None]:
+def _warm_up(call, times: int, device: Device, label: str, watch: Watch) -> tuple[float, str | None]:
     """Run ``call`` ``times`` (>= 1) times: ``(last time, None)``, or ``(nan, why it cannot run)``.
 
     The implementation's own exceptions become the point's failure (one line in the table),
@@ -197,9 +227,9 @@ def _warm_up(call, times: int, device: Device) -> tuple[float, str | None]:
     """
     try:
         for _ in range(times):
-            last = device.time_once(call)
+            last = watch(label, device.time_once, call)
     except NotImplementedError as err:
-        return math.nan, f"unsupported: {err}"
+        return math.nan, f"{UNSUPPORTED}{err}"
     except torch.cuda.OutOfMemoryError:  # torch.OutOfMemoryError on every device since torch 2.5
         return math.nan, "out of memory"
     except Exception as err:  # e.g. the CPU allocator's "can't allocate memory", or a bug at this size
@@ -212,3 +242,22 @@ def _progress_line(mask: MaskFamily, param: str, x: int, series: list[Series]) -
     parts = [f"{s.candidate.label} " + (f"{s.points[-1].samples.median * 1e3:.3g} ms"
                                         if s.points[-1].samples else s.points[-1].failure) for s in series]
     return f"[{mask.label}] {param}={x}: " + ", ".join(parts)
+
+
+def sweep_in_worker(threads: int, job: tuple, channel) -> list[MaskRun] | str:
+    """:func:`run_sweep` in a worker process (:class:`attnformal.execution.Worker`'s handler):
+    ``job`` is ``(targets, masks, base, sweep, settings)``. The runs come back without the
+    implementations (a function from a user's file cannot travel), or the FAIL message of one that exited."""
+    targets, masks, base, sweep, settings = job
+    torch.set_num_threads(threads)
+    watch = Watch(channel)
+    try:
+        candidates = [watch(f"loading {target}", load_candidate, target, settings.schedule) for target in targets]
+        runs = run_sweep(candidates, masks, base, sweep, settings, watch=watch)
+    except Exited as err:
+        return f"{err} while running {watch.label}"
+    for run in runs:
+        for series in run.series:
+            series.candidate = replace(series.candidate, fn=None)
+    return runs
+

@@ -155,6 +155,8 @@ def main(argv=None) -> int:
         except KeyboardInterrupt:  # while a cluster starts, or during a replay; a battery run reports what finished
             print("interrupted", file=sys.stderr)
             return EXIT_CODES["INTERRUPTED"]
+        except Exception as err:  # a defect of attnformal, not of the arguments nor of the kernel: never FAIL's code
+            return cli.internal_error(err)
 
 
 def _executor(p: argparse.ArgumentParser, settings: Settings):
@@ -173,7 +175,8 @@ def _executor(p: argparse.ArgumentParser, settings: Settings):
 def _replay(settings: Settings, executor, path: Path) -> int:
     _, result = next(executor.map([Task("replay", str(path))]))
     print(describe_replay(path, result))
-    return 1 if result.failed else EXIT_CODES["NOTHING VERIFIED"] if result.status == "unsupported" else 0
+    verdict = {"pass": "PASS", "FAIL": "FAIL", "unsupported": "NOTHING VERIFIED", "ERROR": "INTERNAL ERROR"}
+    return EXIT_CODES[verdict[result.status]]
 
 
 def _run(args, settings: Settings, executor, baseline) -> int:

@@ -13,8 +13,9 @@
 Verdicts: ``PASS`` -- every check that ran passed, and enough ran: in every dtype at least
 one check passed, and a forward accuracy check (groups :data:`FORWARD_GROUPS`) when any was
 selected; ``FAIL`` -- a check failed (crash and hang included) or a required feature is
-refused; ``NOTHING VERIFIED`` -- no check passed; ``INCOMPLETE`` -- some passed, but not the
-minimum above; ``INTERRUPTED``.
+refused; ``INTERNAL ERROR`` -- no check failed, but the battery itself raised in one;
+``NOTHING VERIFIED`` -- no check passed; ``INCOMPLETE`` -- some passed, but not the minimum
+above; ``INTERRUPTED``.
 """
 
 from __future__ import annotations
@@ -193,8 +194,12 @@ def judge(report: BatteryReport) -> tuple[str, list[str]]:
         return "RUNNING", []
     results = report.results
     required = _required_refused(report)
-    if required or any(r.failed for r in results):
+    if required or any(r.status == "FAIL" for r in results):
         return "FAIL", required
+    defects = [r.label for r in results if r.status == "ERROR"]
+    if defects:  # the battery itself raised: attnformal's defect, not the implementation's FAIL
+        return "INTERNAL ERROR", [f"the battery itself raised in {', '.join(defects)} (a defect of attnformal: "
+                                  "please report it)"]
     if not any(r.status == "pass" for r in results):
         return "NOTHING VERIFIED", ["no check passed: every case was refused"] + _why_refused(
             report, report.dtypes or list(report.capabilities))

@@ -6,8 +6,8 @@ returns what it produced, or raises
 * :class:`Unsupported` when the implementation raised ``NotImplementedError`` (the features
   the case uses are named, with the implementation's own message);
 * :class:`ContractError` when it broke the protocol: no tensor returned, wrong shape, dtype
-  or device, a missing gradient, inputs modified in place, ``sys.exit``, or any other
-  exception (with its type).
+  or device, a missing gradient, inputs modified in place, ``sys.exit`` or ``os._exit``
+  (:func:`attnformal.execution.guarded`), or any other exception (with its type).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attnformal.execution import Exited, guarded
 from attnformal.features import FEATURES as REGISTERED
 
 FIELDS = ("out", "lse", "dq", "dk", "dv", "dsinks", "dbias")
@@ -86,9 +87,7 @@ def call(impl, case, *, lse=False, backward=False, watch=None) -> Observed:
     if watch is not None:
         watch.before(case, lse, backward)
     try:
-        result = impl(*leaves, return_lse=lse, **kwargs)
-        out, out_lse = _unpack(result, lse)
-        grads = _backward(out, leaves, case.grad_out, kwargs) if backward else ()
+        out, out_lse, grads = guarded(_run, impl, leaves, kwargs, case.grad_out, lse=lse, backward=backward)
     except NotImplementedError as err:
         raise Unsupported(case_features(case, lse=lse, backward=backward), str(err) or "NotImplementedError") from None
     except TypeError as err:
@@ -100,8 +99,8 @@ def call(impl, case, *, lse=False, backward=False, watch=None) -> Observed:
                           f"takes no keyword {unknown!r} (raised TypeError: {err})") from None
     except ContractError:
         raise
-    except SystemExit as err:  # the battery must outlive a kernel that exits: a broken contract, not the end
-        raise ContractError(f"called sys.exit({err.code!r})") from None
+    except Exited as err:  # the battery must outlive a kernel that exits: a broken contract, not the end
+        raise ContractError(str(err)) from None
     except Exception as err:  # a crash is a failure of the case, reported with its type
         raise ContractError(f"raised {type(err).__name__}: {err}") from None
     finally:
@@ -111,6 +110,12 @@ def call(impl, case, *, lse=False, backward=False, watch=None) -> Observed:
     observed = Observed(out.detach(), None if out_lse is None else out_lse.detach(), *grads)
     _check_contract(case, observed)
     return observed
+
+
+def _run(impl, leaves, kwargs, grad_out, *, lse, backward):
+    """``(out, lse or None, gradients)`` of one call of ``impl`` (its backward too, when asked)."""
+    out, out_lse = _unpack(impl(*leaves, return_lse=lse, **kwargs), lse)
+    return out, out_lse, _backward(out, leaves, grad_out, kwargs) if backward else ()
 
 
 def _unknown_feature(err: TypeError, case) -> str | None:

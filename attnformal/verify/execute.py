@@ -7,8 +7,9 @@ runs tasks and yields ``(task, result)`` as they complete:
 
 * :class:`InProcess` calls :func:`perform` here: fast, but a segfault ends the whole run
   and a hung call is never interrupted;
-* :class:`Isolated` runs each task in a worker process. A worker that dies (segfault,
-  abort, ``os._exit``) or a call that runs past ``case_timeout`` becomes a FAIL of kind
+* :class:`Isolated` runs each task in a worker process (:class:`attnformal.execution.Worker`,
+  the layer every command that calls a user's kernel shares). A worker that dies (segfault,
+  abort, ``os._exit`` from C) or a call that runs past ``case_timeout`` becomes a FAIL of kind
   *crash* or *hang* for that task (:func:`lost_result`): the case that was running, its
   seed, a reproducer file and the command that replays it; a fresh worker takes the next task.
 
@@ -27,21 +28,18 @@ from __future__ import annotations
 import contextlib
 import io
 import multiprocessing
-import os
 import pickle
-import signal
-import sys
 import tempfile
 import time
 import traceback
 from dataclasses import dataclass, replace
-from multiprocessing.connection import wait
 from pathlib import Path
 
 import torch
 
 from attnformal.cli import DTYPES
 from attnformal.distributed import open_executor
+from attnformal.execution import Channel, Lost, Worker
 from attnformal.verify.capabilities import probe
 from attnformal.verify.checks import CHECKS
 from attnformal.verify.diagnosis import DEFINITIVE, finding
@@ -125,121 +123,40 @@ class InProcess:
         pass
 
 
-@dataclass
-class Call:
-    """The implementation call a worker is in: what it runs, and the reproducer bytes of that case."""
-
-    label: str
-    seed: int | None
-    payload: bytes | None
-    started: float
-
-
 class Isolated:
     """Each task in a worker process (one at a time); a crash or a hang fails that task only."""
 
     def __init__(self, settings: Settings):
         self.settings = settings
-        self.blob = portable_blob(settings, "--isolate")
-        self.process = self.conn = None
-        self.busy = False
+        self.worker = Worker(_perform_isolated, portable_blob(settings, "--isolate"), timeout=settings.case_timeout,
+                             option="--case-timeout", name="attnformal-verify-worker")
 
     def map(self, tasks):
         for task in tasks:
             yield task, self.run(task)
 
     def run(self, task: Task):
-        if self.process is None:
-            self._start()
-        self.conn.send(task)
-        self.busy, self.task_started = True, time.monotonic()
-        running: Call | None = None
-        while True:
-            timeout = None if running is None else running.started + self.settings.case_timeout - time.monotonic()
-            ready = wait([self.conn, self.process.sentinel], None if timeout is None else max(timeout, 0.0))
-            if self.conn in ready:  # messages first: a worker may have reported before it died
-                try:
-                    kind, *body = self.conn.recv()
-                except (EOFError, OSError):
-                    return self._lost(task, running, "crash")
-                if kind == "call":
-                    running = Call(*body, time.monotonic())
-                elif kind == "called":
-                    running = None
-                elif kind == "result":
-                    self.busy = False
-                    return body[0]
-                else:  # "error": the task itself raised in the worker
-                    self.busy = False
-                    return error_result(task, body[0])
-            elif ready:
-                return self._lost(task, running, "crash")
-            else:
-                return self._lost(task, running, "hang")
-
-    def _start(self):
-        context = _context()
-        self.conn, child = context.Pipe()
-        where = (list(sys.path), os.getcwd(), dict(os.environ))  # a forked server's may be older than ours
-        self.process = context.Process(target=_worker, args=(child, where, self.blob), daemon=True,
-                                       name="attnformal-verify-worker")
-        self.process.start()
-        child.close()
-
-    def _lost(self, task: Task, running: Call | None, kind: str) -> CheckResult:
-        self._stop()
-        code = self.process.exitcode
-        self.process = None
-        if kind == "hang":
-            detail = f"over --case-timeout {self.settings.case_timeout:g} s"
-        elif code is not None and code < 0:
-            detail = f"signal {signal.Signals(-code).name}"
-        else:
-            detail = f"exit status {code}"
-        result = lost_result(self.settings, task, kind, detail, running)
-        result.seconds = time.monotonic() - self.task_started
-        return result
-
-    def _stop(self):
-        if self.process.is_alive():
-            self.process.kill()
-        self.process.join(10)
-        self.conn.close()
+        started = time.monotonic()
+        outcome = self.worker.run(task)
+        if outcome.lost is not None:
+            result = lost_result(self.settings, task, outcome.lost)
+            result.seconds = time.monotonic() - started
+            return result
+        if outcome.error is not None:  # the task itself raised in the worker
+            return error_result(task, outcome.error)
+        return outcome.value
 
     def close(self):
-        """Stop the worker: at once when a task was cut short (Ctrl-C), else once it has finished."""
-        if self.process is None:
-            return
-        if not self.busy:
-            try:
-                self.conn.send(None)
-                self.process.join(5)
-            except OSError:
-                pass
-        self._stop()
-        self.process = None
+        self.worker.close()
 
 
-def _context():
-    """Worker processes forked from a server that has imported the battery once (a fresh worker after a
-    crash then starts in milliseconds); spawned where there is no fork. Never plain fork: torch's
-    threads in this process would not survive it."""
-    methods = multiprocessing.get_all_start_methods()
-    if "forkserver" not in methods:
-        return multiprocessing.get_context("spawn")
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([__name__])
-    return context
-
-
-def lost_result(settings: Settings, task: Task, kind: str, detail: str, running: Call | None) -> CheckResult:
-    """A task whose worker died or hung: a FAIL of ``kind`` "crash" or "hang" that names the case
-    that was running, with a reproducer of it when the worker had sent one."""
-    check = task.name if task.kind == "check" else task.label
-    result = CheckResult(check, task.dtype or "-", "FAIL", kind=kind, seed=settings.seed)
-    what = running.label if running is not None else "the task"
-    verb = "the process died" if kind == "crash" else "the call did not return"
-    result.summary = f"{kind}: {verb} ({detail}) while running {what}"
+def lost_result(settings: Settings, task: Task, lost: Lost) -> CheckResult:
+    """A task whose worker died or hung: a FAIL of ``lost.kind`` "crash" or "hang" that names the
+    case that was running, with a reproducer of it when the worker had sent one."""
+    result = CheckResult(task.name if task.kind == "check" else task.label, task.dtype or "-", "FAIL",
+                         kind=lost.kind, seed=settings.seed)
+    running = lost.running
+    result.summary = lost.where if running is not None else f"{lost.message} while running {task.label}"
     result.command = rerun_command(settings, task.name, task.dtype) if task.kind == "check" else None
     if running is not None and running.seed is not None:
         result.details.append(f"case: {running.label} (seed {running.seed})")
@@ -250,7 +167,7 @@ def lost_result(settings: Settings, task: Task, kind: str, detail: str, running:
             result.reproducer = str(path)
             result.details.append(f"rerun the whole check: {result.command}")
             result.command = replay_command(settings, path)
-    result.findings = [finding(kind, DEFINITIVE, result.summary)]
+    result.findings = [finding(lost.kind, DEFINITIVE, result.summary)]
     return result
 
 
@@ -302,8 +219,8 @@ class Distributed:
         from distributed import KilledWorker
 
         if isinstance(error, KilledWorker):
-            lost = f"the Dask worker {error.last_worker.address} was lost"
-            return lost_result(self.settings, task, "crash", lost, None), None
+            lost = Lost("crash", None, detail=f"the Dask worker {error.last_worker.address} was lost")
+            return lost_result(self.settings, task, lost), None
         return error_result(task, "".join(traceback.format_exception_only(error))), None
 
     def close(self):
@@ -347,21 +264,21 @@ def _perform_on_worker(blob: bytes, task: Task):
 class _PipeWatch:
     """Tells the parent which call is running, with the reproducer bytes of its case."""
 
-    def __init__(self, conn, settings: Settings, task: Task):
-        self.conn, self.settings, self.task = conn, settings, task
+    def __init__(self, channel: Channel, settings: Settings, task: Task):
+        self.channel, self.settings, self.task = channel, settings, task
 
     def before(self, case, lse, backward):
         data = reproducer_data(self.settings, case, lse=lse, backward=backward, check=self.task.name or "probe",
                                dtype=self.task.dtype)
         buffer = io.BytesIO()
         torch.save(_on_cpu(data), buffer)
-        self.conn.send(("call", case.describe(), case.seed, buffer.getvalue()))
+        self.channel.calling(case.describe(), case.seed, buffer.getvalue())
 
     def loading(self):
-        self.conn.send(("call", f"loading {self.settings.target}", None, None))
+        self.channel.calling(f"loading {self.settings.target}")
 
     def after(self):
-        self.conn.send(("called",))
+        self.channel.returned()
 
 
 def _on_cpu(data):
@@ -372,20 +289,8 @@ def _on_cpu(data):
     return data
 
 
-def _worker(conn, where, blob):
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops this worker
-    sys.path[:], cwd, environ = where
-    os.chdir(cwd)
-    os.environ.clear()
-    os.environ.update(environ)
-    settings = pickle.loads(blob)
+def _perform_isolated(settings: Settings, task: Task, channel: Channel):
+    """One task in the worker process (:class:`attnformal.execution.Worker`'s handler)."""
     if settings.threads:
         torch.set_num_threads(settings.threads)
-    while (task := conn.recv()) is not None:
-        try:
-            result = perform(settings, task, watch=_PipeWatch(conn, settings, task))
-        except BaseException:  # SystemExit outside a call, a failed import: this task's error, not the worker's end
-            conn.send(("error", traceback.format_exc()))
-        else:
-            conn.send(("result", result))
-
+    return perform(settings, task, watch=_PipeWatch(channel, settings, task))

@@ -5,7 +5,9 @@ it passes, fails with the battery's account (worst errors, where they sit, the l
 a reproducer), or is skipped when the implementation does not support it (a failure for a
 feature named by ``--attn-require``). A last test, ``attnformal-verify::verdict``, is the
 battery's verdict on the tests that ran: it fails for a failing check, and when they
-verified nothing or less than the battery's minimum (see :mod:`.battery`). Under pytest-xdist (``-n N``) no worker sees every
+verified nothing or less than the battery's minimum (see :mod:`.battery`). It stays under
+``-k`` / ``-m`` whenever one check does (``-k fwd.random`` for a kernel that supports nothing
+fails as NOTHING VERIFIED, never "1 skipped" and exit 0). Under pytest-xdist (``-n N``) no worker sees every
 result, so the controller judges them at the end instead: it prints the verdict and fails the
 session unless it is PASS. Without ``--attn-impl`` the plugin adds nothing.
 
@@ -91,14 +93,20 @@ def _settings(config) -> Settings:
                     case_timeout=option("--attn-case-timeout"), workers=workers, cluster=cluster)
 
 
-@pytest.hookimpl(tryfirst=True)  # before -k / -m deselection, which then applies to these items too
+@pytest.hookimpl(hookwrapper=True)
 def pytest_collection_modifyitems(session, config, items):
+    """The checks join the items before -k / -m deselection, which then applies to them; the verdict
+    after it: it is kept whenever a check is, so a selection never reads as a PASS without a verdict."""
     if not config.getoption("--attn-impl"):
+        yield
         return
     battery = Battery.from_parent(session, name=COLLECTOR_NAME)
     battery.prepare(_settings(config))
     config.add_cleanup(battery.close)
-    items.extend(battery.collect(verdict_item=not _xdist_worker(config)))
+    items.extend(battery.collect())
+    yield
+    if not _xdist_worker(config) and any(isinstance(item, CheckItem) for item in items):
+        items.append(VerdictItem.from_parent(battery, name="verdict"))
 
 
 def _xdist_worker(config) -> bool:
@@ -168,10 +176,9 @@ class Battery(pytest.Collector):
         self.ahead = iter(())  # (task, result) of the checks sent ahead to a cluster, in test order
         self.arrived: dict = {}  # label -> result, of those taken from ``ahead`` before their test ran
 
-    def collect(self, verdict_item=True):
-        items = [CheckItem.from_parent(self, name=f"{chk.name}[{dtype_name(dtype)}]", check=chk, dtype=dtype)
-                 for chk, dtype in planned(self.settings)]
-        return items + ([VerdictItem.from_parent(self, name="verdict")] if verdict_item else [])
+    def collect(self):
+        return [CheckItem.from_parent(self, name=f"{chk.name}[{dtype_name(dtype)}]", check=chk, dtype=dtype)
+                for chk, dtype in planned(self.settings)]
 
     def run(self, check, dtype):
         import torch
@@ -253,8 +260,8 @@ class VerdictItem(pytest.Item):
 
     def runtest(self):
         battery = self.parent
-        if not battery.results:
-            pytest.skip("no check of the battery ran (all deselected)")
+        if not battery.results:  # selected checks that never ran (pytest -x stopped first): nothing verified
+            raise VerdictFailed("NOTHING VERIFIED", ["no check of the battery ran"])
         verdict, reasons = _judge(battery.settings, battery.results, battery.capabilities)
         if verdict != "PASS":
             raise VerdictFailed(verdict, reasons)

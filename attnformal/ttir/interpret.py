@@ -90,6 +90,7 @@ class NoWrap:
     shape: tuple
     holds: Callable[[tuple], Any]
     path: list
+    loop: Any = None  # the innermost scf.for around the op
 
 
 @dataclass
@@ -190,7 +191,8 @@ class Interpreter:
     def no_wrap(self, op, tensor: Tensor, exact_at, width, path):
         low, high = signed_range(width)
         self.trace.no_wrap.append(NoWrap(f"{op.name} in i{width}", op.loc, tensor.shape,
-                                         lambda lane: z3.And(low <= exact_at(lane), exact_at(lane) <= high), path))
+                                         lambda lane: z3.And(low <= exact_at(lane), exact_at(lane) <= high), path,
+                                         self.loop()))
 
 
 def _scalar(kind, element):
@@ -378,7 +380,8 @@ def _division(interp, op, env, path):
     low, _ = signed_range(kind.width)
     interp.trace.no_wrap.append(NoWrap(f"{op.name} divisor non-zero, no {low} / -1", op.loc, shape,
                                        lambda lane: z3.And(b.at(lane) != 0,
-                                                           z3.Or(a.at(lane) != low, b.at(lane) != -1)), path))
+                                                           z3.Or(a.at(lane) != low, b.at(lane) != -1)), path,
+                                       interp.loop()))
     return [result]
 
 

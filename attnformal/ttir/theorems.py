@@ -75,9 +75,9 @@ class Setting:
         return offset
 
     def table_facts(self, terms, context=None):
-        """The contracts of the table entries the terms read: value-only ones everywhere; those that read
-        the entry's index at the candidate indices the theorem names (``context["at"][table]``), as
-        ``offset == layout(index) => contract`` (Z3 then only has to match the kernel's offset)."""
+        """The contracts of the table entries the terms read, at the candidate indices the theorem names
+        (``context["at"][table]``), as ``offset == layout(index) => contract`` (Z3 then only has to match
+        the kernel's offset)."""
         facts, context = [], context or {}
         for name, role in self.launch.tensors.items():
             if role.contract is None:
@@ -85,10 +85,7 @@ class Setting:
             memory = z3.Function(f"{name}_value", z3.IntSort(), z3.IntSort())
             for application in _applications(terms, memory):
                 offset = application.arg(0)
-                if not role.decode:
-                    inside = z3.And(0 <= offset, offset < self.numel(role))
-                    facts.append(z3.Implies(inside, role.contract(None, application, self.sizes, self.config, {})))
-                for index in context.get("at", {}).get(name, ()) if role.decode else ():
+                for index in context.get("at", {}).get(name, ()):
                     in_range = [z3.And(0 <= x, x < n) for x, n in zip(index, self.dims(role))]
                     facts.append(z3.Implies(z3.And(offset == self.layout(role, index), *in_range),
                                             role.contract(index, application, self.sizes, self.config, context)))
@@ -194,7 +191,7 @@ def no_wrap(setting, limits):
     for record in setting.trace.no_wrap:
         lane, ranges = setting.lane(record.shape)
         yield decide(f"no-wrap: {record.what} at {record.loc}", ranges + record.path,
-                     record.holds(lane), setting, limits, _lane_shown(lane))
+                     record.holds(lane), setting, limits, _lane_shown(lane), context=_table_context(setting, record.loop))
 
 
 def _lane_shown(lane, stem="lane"):
@@ -220,12 +217,37 @@ def bounds(setting, limits, addresses):
             status = next((p.status for p in by if p.status != PROVED), PROVED)
             yield Proof(claim, TOOL, status, hypotheses=tuple(setting.assumed), by=by,
                         detail="" if status == PROVED else "its address theorem or layout lemma is not proved")
+        elif access.arg in _table_context(setting, access.loop)["at"]:
+            if access.arg not in lemmas:
+                lemmas[access.arg] = _layout_lemma(setting, access.arg, role, limits)
+            by = (_table_entry(setting, access, role, limits), lemmas[access.arg])
+            status = next((p.status for p in by if p.status != PROVED), PROVED)
+            yield Proof(claim, TOOL, status, hypotheses=tuple(setting.assumed), by=by,
+                        detail="" if status == PROVED else "its table-entry claim or layout lemma is not proved")
         else:
             lane, ranges = setting.lane(access.ptr.shape)
             offset = access.ptr.at(lane).offset
             yield decide(claim, ranges + access.path + [_mask_at(access, lane)],
                          z3.And(0 <= offset, offset < setting.numel(role)), setting, limits,
                          _lane_shown(lane) + [("offset", offset)])
+
+
+def _table_context(setting, loop):
+    """Where the launch says the tables are read: ``{"at": {table: [index]}}``."""
+    return {"at": setting.launch.table_indices(setting.program, loop.iv if loop is not None else None)}
+
+
+def _table_entry(setting, access, role, limits):
+    """A table load reads one of the entries the launch names, each index in range."""
+    lane, ranges = setting.lane(access.ptr.shape)
+    offset = access.ptr.at(lane).offset
+    entries = _table_context(setting, access.loop)["at"][access.arg]
+    dims = setting.dims(role)
+    goal = z3.Or([z3.And(offset == setting.layout(role, index), *[z3.And(0 <= x, x < n) for x, n in zip(index, dims)])
+                  for index in entries])
+    return decide(f"table entry: load of {access.arg} at {access.loc} reads {access.arg}[{len(entries)} named entries]",
+                  ranges + access.path + [_mask_at(access, lane)], goal, setting, limits,
+                  _lane_shown(lane) + [("offset", offset)], context=_table_context(setting, access.loop))
 
 
 def _layout_lemma(setting, name, role, limits):
@@ -274,7 +296,8 @@ def address(setting, limits, proven):
         goal = z3.And(mask == exists, z3.Implies(mask, access.ptr.at(lane).offset == setting.layout(role, index)))
         proof = decide(claim, ranges + access.path, goal, setting, limits,
                        _lane_shown(lane) + [("offset", access.ptr.at(lane).offset),
-                                            ("expected", setting.layout(role, index)), ("mask", mask)])
+                                            ("expected", setting.layout(role, index)), ("mask", mask)],
+                       context=_table_context(setting, access.loop))
         proven[id(access)] = proof
         yield proof
 
@@ -337,10 +360,10 @@ def _masking_at(setting, source, loc, loop, limits):
 
 
 def _masking_context(setting, i, j, loop):
-    """Where the host's tables are read for score ``(i, j)``: row ``i``'s interval, the tile of ``(bm, bn)``."""
+    """Where the host's tables are read for score ``(i, j)``: row ``i``'s interval, and the launch's entries."""
     b = setting.program["b"]
     return {"i": i, "j": j, "b": b,
-            "at": {"ROW_LO": [(b, i)], "ROW_HI": [(b, i)], "CLASSES": [(b, setting.program["bm"], loop.iv)]}}
+            "at": {"ROW_LO": [(b, i)], "ROW_HI": [(b, i)], **_table_context(setting, loop)["at"]}}
 
 
 def _finite_fill_detail(fill):

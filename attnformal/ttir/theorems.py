@@ -203,33 +203,32 @@ def _mask_at(access, lane):
 
 
 def bounds(setting, limits, addresses):
-    """Tiled accesses: from their address theorem and the layout lemma; the others (tables) directly."""
+    """Tiled accesses: from their address theorem and the layout lemma; table loads the launch names the
+    entries of: from the entry read and the layout lemma; the others directly."""
     lemmas = {}
     for access in setting.trace.accesses:
         role = setting.launch.tensors.get(access.arg)
         claim = f"bounds: {access.op} of {access.arg} at {access.loc}"
         if role is None:
             yield Proof(claim, TOOL, UNKNOWN, detail=f"the launch description does not describe {access.arg}")
-        elif role.tile is not None and id(access) in addresses:
-            if access.arg not in lemmas:
-                lemmas[access.arg] = _layout_lemma(setting, access.arg, role, limits)
-            by = (addresses[id(access)], lemmas[access.arg])
-            status = next((p.status for p in by if p.status != PROVED), PROVED)
-            yield Proof(claim, TOOL, status, hypotheses=tuple(setting.assumed), by=by,
-                        detail="" if status == PROVED else "its address theorem or layout lemma is not proved")
+            continue
+        if role.tile is not None and id(access) in addresses:
+            where = addresses[id(access)]
         elif access.arg in _table_context(setting, access.loop)["at"]:
-            if access.arg not in lemmas:
-                lemmas[access.arg] = _layout_lemma(setting, access.arg, role, limits)
-            by = (_table_entry(setting, access, role, limits), lemmas[access.arg])
-            status = next((p.status for p in by if p.status != PROVED), PROVED)
-            yield Proof(claim, TOOL, status, hypotheses=tuple(setting.assumed), by=by,
-                        detail="" if status == PROVED else "its table-entry claim or layout lemma is not proved")
+            where = _table_entry(setting, access, role, limits)
         else:
             lane, ranges = setting.lane(access.ptr.shape)
             offset = access.ptr.at(lane).offset
             yield decide(claim, ranges + access.path + [_mask_at(access, lane)],
                          z3.And(0 <= offset, offset < setting.numel(role)), setting, limits,
                          _lane_shown(lane) + [("offset", offset)])
+            continue
+        if access.arg not in lemmas:
+            lemmas[access.arg] = _layout_lemma(setting, access.arg, role, limits)
+        by = (where, lemmas[access.arg])
+        status = next((p.status for p in by if p.status != PROVED), PROVED)
+        yield Proof(claim, TOOL, status, hypotheses=tuple(setting.assumed), by=by,
+                    detail="" if status == PROVED else f"not proved: {where.claim.split(':')[0]} or the layout lemma")
 
 
 def _table_context(setting, loop):

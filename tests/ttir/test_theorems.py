@@ -103,9 +103,10 @@ PLANTED = [
 ]
 
 
-def test_shipped_forward_is_proved_for_all_shapes():
-    """Non-causal 128x64: no-wrap, address, bounds, masking, coverage and writes, every one proved."""
-    proofs = _prove("no-wrap,address,bounds,masking,coverage,writes")
+@pytest.mark.parametrize("config", [0, 1, 2], ids=["not causal", "top-left", "bottom-right"])
+def test_shipped_forward_is_proved_for_all_shapes(config):
+    """Each shipped configuration (128x64): no-wrap, address, bounds, masking, coverage and writes, all proved."""
+    proofs = _prove("no-wrap,address,bounds,masking,coverage,writes", config=config)
     assert len(proofs) == 79 and all(status == "proved" for status, _, _ in proofs), \
         [p for p in proofs if p[0] != "proved"]
     assert {claim.split(":")[0] for _, claim, _ in proofs} >= {"no-wrap", "address", "bounds", "masking", "coverage",

@@ -52,7 +52,10 @@ class Setting:
         self.facts += [z3.And(0 <= p, p < n) for p, n in zip(pids, grid)]
         self.program, program_facts = launch.program(self.sizes, config, pids, self.fresh)
         self.facts += program_facts + trace.definitions
-        self.assumed = [name for name, _ in launch.preconditions(self.sizes, config)]
+        self.assumed = ["the shapes and grid the host admits (the launch's constraints)",
+                        "the host's tables hold their contracts ("
+                        + ", ".join(name for name, role in launch.tensors.items() if role.contract) + ")"]
+        self.assumed += [name for name, _ in launch.preconditions(self.sizes, config)]
         self.facts += [fact for _, fact in launch.preconditions(self.sizes, config)]
 
     def fresh(self, stem):

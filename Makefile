@@ -14,7 +14,7 @@ VENV_ARGS := $(if $(filter system,$(TORCH)),--system-site-packages,)
 # (tools/numerics_reruns.py asks torch which paths the CPU has: default and avx2 on an AVX-512 x86,
 # default on an AVX2 one or on ARM). A path above the CPU's is never forced: torch dies with SIGILL on it.
 
-.PHONY: prove test bench ascend-check
+.PHONY: prove prove-triton test bench ascend-check
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV_ARGS) $(VENV)
@@ -29,6 +29,11 @@ endif
 
 prove: $(VENV)/.installed
 	$(PY) -m attnformal.prove
+
+# The forward Triton kernel proved from its TTIR, every shipped configuration (docs/ttir.md): minutes of
+# Z3 (about 41 M resource units per configuration), so a target of its own rather than a `make prove` obligation.
+prove-triton: $(VENV)/.installed
+	env -u TRITON_INTERPRET TRITON_DEFAULT_FP_FUSION=1 $(PY) -m attnformal.prove --triton attnformal.kernels.triton_flash:_attn_fwd
 
 # The main run spreads the tests over worker processes (pytest-xdist; one per core, at most 4: each
 # worker holds its own torch) and lists the slowest, so a test that grows shows in CI's log.

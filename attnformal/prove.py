@@ -610,7 +610,8 @@ def _main(argv) -> int:
     args, chosen, settings = parse(argv)
     if args.triton:
         from attnformal.ttir.cli import prove_triton
-        return prove_triton(args.triton, args.timeout)
+        from attnformal.ttir.theorems import Limits
+        return prove_triton(args.triton, Limits(units=int(args.budget * RLIMIT_UNIT), seconds=args.timeout))
     if args.show_schedule:
         return prove_options.show_schedule(args, chosen, settings.schedules)
     proves_schedules = any(getattr(module, "PROVES_SCHEDULES", False) for _, module in chosen)

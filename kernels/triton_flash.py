@@ -89,6 +89,7 @@ SUPPORTS = frozenset({"causal", "window", "chunk_size", "kv_lens", "prefix_lens"
 DEFAULT_SCHEDULE = TileSchedule(block_m=128, block_n=64)  # the Triton tutorial's forward tile
 MAX_HEAD_DIM = 256  # the largest head dim triton-ascend's attention supports (pads to {16..256})
 MIN_BLOCK = 16  # tl.dot needs every tile dimension >= 16
+MAX_INT32 = 2 ** 31 - 1  # Triton passes ints below 2**31 as int32 (tile row indices are int32)
 
 # Compile-time constants the kernels compare against, taken from the spec's own encodings.
 FULL_TILE: tl.constexpr = tl.constexpr(FULL)
@@ -178,9 +179,10 @@ def _dot(a, b, BF16_VIA_FP32: tl.constexpr):
 
 @triton.jit
 def _load_rows(base, rows, cols, n_rows, n_cols):
-    """A ``[rows, cols]`` tile of a row-major ``[n_rows, n_cols]`` matrix, 0 outside it."""
+    """A ``[rows, cols]`` tile of a row-major ``[n_rows, n_cols]`` matrix, 0 outside it. The row offset is
+    64-bit: ``n_rows * n_cols`` may pass 2**31 (Sq = 2**25 at D = 64; Sq * Sk for the bias)."""
     inside = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
-    return tl.load(base + rows[:, None] * n_cols + cols[None, :], mask=inside, other=0.0)
+    return tl.load(base + rows[:, None].to(tl.int64) * n_cols + cols[None, :], mask=inside, other=0.0)
 
 
 @triton.jit
@@ -193,7 +195,8 @@ def _flags_base(FLAGS, b, h, stride_b, stride_h):
 def _load_flags(base, rows, cols, seq_q, seq_k, stride_i, stride_j):
     """A bool tile of an int8 view of a bool ``[Sq, Sk]`` mask with any strides (0: broadcast)."""
     inside = (rows[:, None] < seq_q) & (cols[None, :] < seq_k)
-    flags = tl.load(base + rows[:, None] * stride_i + cols[None, :] * stride_j, mask=inside, other=0)
+    offsets = rows[:, None].to(tl.int64) * stride_i + cols[None, :].to(tl.int64) * stride_j  # may pass 2**31
+    flags = tl.load(base + offsets, mask=inside, other=0)
     return flags != 0
 
 
@@ -288,7 +291,7 @@ def _attn_fwd(
     """The softmax state of one query block of one query head over one split's key blocks."""
     _check_tiles(CAUSAL, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
     bm = tl.program_id(0)
-    split = tl.program_id(1)
+    split = tl.program_id(1).to(tl.int64)  # splits * batch may pass 2**31
     bh = tl.program_id(2).to(tl.int64)  # 64-bit offsets: B*H*S*D may pass 2**31
     b, h, kv_bh = _heads(bh, heads_q, group)
     scale, softcap, keep_scale = _load_scalars(SCALARS)
@@ -465,7 +468,7 @@ def _attn_bwd_dq(
                                    mask_base, mask_si, mask_sj, keep_base, keep_si, keep_sj,
                                    HAS_ATTN_MASK, HAS_KEEP, HAS_SOFTCAP, HAS_BIAS, BF16_VIA_FP32)
         if HAS_BIAS:
-            tl.store(DBIAS + bh * seq_q * seq_k + rows[:, None] * seq_k + cols[None, :], ds,
+            tl.store(DBIAS + bh * seq_q * seq_k + rows[:, None].to(tl.int64) * seq_k + cols[None, :], ds,
                      mask=(rows[:, None] < seq_q) & (cols[None, :] < seq_k))
         dq += _dot((ds * slope).to(k.dtype), k, BF16_VIA_FP32)
 
@@ -508,6 +511,10 @@ def check_launchable(spec: AttentionSpec, schedule: TileSchedule, dtype, device_
     if spec.causal is not None and schedule.block_m < schedule.block_n:
         raise SpecError("schedule", "block_m >= block_n when causal is set (triton-ascend's causal attention)",
                         f"block_m={schedule.block_m}, block_n={schedule.block_n}")
+    for name, length, block in (("q", spec.len_q, schedule.block_m), ("k", spec.len_k, schedule.block_n)):
+        if -(-length // block) * block > MAX_INT32:  # row and column indices are int32 in the kernels
+            raise NotImplementedError(f"triton_flash: argument '{name}': sequence length {length}, padded to "
+                                      f"a multiple of {block}, must stay below 2**31 (int32 tile indices)")
     for name, dim in (("q", spec.head_dim), ("v", spec.head_dim_v)):
         if dim > MAX_HEAD_DIM:
             raise NotImplementedError(f"triton_flash: argument '{name}': head dim {dim} > {MAX_HEAD_DIM} "

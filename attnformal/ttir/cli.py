@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from attnformal.logic import PROVED
+from attnformal.logic import PROVED, RLIMIT_UNIT
 from attnformal.ttir.launch import LAUNCHES
-from attnformal.ttir.theorems import load_attr, prove_launch
+from attnformal.ttir.theorems import Limits, load_attr, prove_launch
 
 
 def launch_for(target: str):
@@ -20,7 +20,7 @@ def launch_for(target: str):
     return matches[0]
 
 
-def prove_triton(target: str, timeout_s: float, out=sys.stdout) -> int:
+def prove_triton(target: str, limits: Limits = Limits(), out=sys.stdout) -> int:
     try:
         launch = launch_for(target)
         fn = load_attr(target)
@@ -28,10 +28,11 @@ def prove_triton(target: str, timeout_s: float, out=sys.stdout) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     ok = True
-    for config, proofs in prove_launch(launch, fn=fn, timeout_s=timeout_s):
+    for config, proofs in prove_launch(launch, fn=fn, limits=limits):
         print(f"config CAUSAL={config.get('CAUSAL')}", file=out)
         for proof in proofs:
             ok &= proof.status == PROVED
             extra = proof.detail or (proof.countermodel or "")
-            print(f"  {proof.status:8} {proof.seconds:6.1f} s  {proof.claim}  {extra}", file=out)
+            print(f"  {proof.status:8} {proof.rlimit / RLIMIT_UNIT:7.1f} M units {proof.seconds:6.1f} s  {proof.claim}  {extra}",
+                  file=out)
     return 0 if ok else 1

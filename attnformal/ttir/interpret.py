@@ -11,7 +11,8 @@ index maps and a whole tile is one symbolic lane. Elements are:
 * booleans (``i1``): Z3 ``Bool``;
 * pointers: ``Ptr(argument, element offset)``, so every access names the tensor it touches;
 * floats: value trees that keep provenance (which load, which lane; ``dot`` and reductions as
-  value ops over the tensors they read), enough to say which scores a ``select`` lets through.
+  value ops over the tensors they read; a ``select`` its source line), enough to say which scores
+  a ``select`` lets through and where.
 
 ``scf.for`` runs its body once with a fresh induction variable constrained to the loop range
 (an arbitrary iteration); its floating-point carried values are opaque there and after it.
@@ -60,6 +61,15 @@ class Tensor:
 
 
 @dataclass
+class Loop:
+    iv: Any
+    lower: Any
+    upper: Any
+    loc: str
+    path: list
+
+
+@dataclass
 class Access:
     op: str  # "load" or "store"
     arg: str  # the pointer parameter
@@ -68,6 +78,7 @@ class Access:
     loc: str
     path: list  # Z3 Bools under which the access executes (enclosing if/for conditions)
     value: Tensor | None = None
+    loop: Loop | None = None  # the innermost scf.for around it
 
 
 @dataclass
@@ -79,15 +90,7 @@ class NoWrap:
     shape: tuple
     holds: Callable[[tuple], Any]
     path: list
-
-
-@dataclass
-class Loop:
-    iv: Any
-    lower: Any
-    upper: Any
-    loc: str
-    path: list
+    loop: Any = None  # the innermost scf.for around the op
 
 
 @dataclass
@@ -100,7 +103,7 @@ class Trace:
     no_wrap: list[NoWrap] = field(default_factory=list)
     loops: list[Loop] = field(default_factory=list)
     definitions: list = field(default_factory=list)  # Z3 facts defining fresh symbols (div, rem)
-    reductions: list = field(default_factory=list)  # (combiner, input Tensor, loc)
+    reductions: list = field(default_factory=list)  # (combiners, input Tensor, loc, innermost Loop or None)
 
 
 # ------------------------------------------------------------------------ types
@@ -156,6 +159,10 @@ class Interpreter:
                 raise Unsupported(f"parameter type {type_}", name)
         pids = [z3.Int(f"{prefix}pid_{axis}") for axis in "xyz"]
         self.trace = Trace(params, pids)
+        self.loops = []  # the scf.for ops around the op being run, outermost first
+
+    def loop(self):
+        return self.loops[-1] if self.loops else None
 
     def run(self) -> Trace:
         env = {f"%{name}": value for name, value in self.trace.params.items()}
@@ -184,7 +191,8 @@ class Interpreter:
     def no_wrap(self, op, tensor: Tensor, exact_at, width, path):
         low, high = signed_range(width)
         self.trace.no_wrap.append(NoWrap(f"{op.name} in i{width}", op.loc, tensor.shape,
-                                         lambda lane: z3.And(low <= exact_at(lane), exact_at(lane) <= high), path))
+                                         lambda lane: z3.And(low <= exact_at(lane), exact_at(lane) <= high), path,
+                                         self.loop()))
 
 
 def _scalar(kind, element):
@@ -372,7 +380,8 @@ def _division(interp, op, env, path):
     low, _ = signed_range(kind.width)
     interp.trace.no_wrap.append(NoWrap(f"{op.name} divisor non-zero, no {low} / -1", op.loc, shape,
                                        lambda lane: z3.And(b.at(lane) != 0,
-                                                           z3.Or(a.at(lane) != low, b.at(lane) != -1)), path))
+                                                           z3.Or(a.at(lane) != low, b.at(lane) != -1)), path,
+                                       interp.loop()))
     return [result]
 
 
@@ -445,7 +454,7 @@ def _select(interp, op, env, path):
 
 def _choose(condition, a, b, op):
     if isinstance(a, tuple) or isinstance(b, tuple):
-        return ("select", condition, a, b)
+        return ("select", condition, a, b, op.loc)
     if isinstance(a, Ptr) or isinstance(b, Ptr):
         if a.arg != b.arg:
             raise Unsupported("select between pointers into different tensors", op.loc)
@@ -469,14 +478,15 @@ def _load(interp, op, env, path):
     mask = env[names[1]] if len(names) > 1 else None
     other = env[names[2]] if len(names) > 2 else None
     shape, kind = pointer.shape, Kind(_pointee_kind(op), pointer.kind.width)
-    access = Access("load", pointer.at(tuple(z3.IntVal(0) for _ in shape)).arg, pointer, mask, op.loc, list(path))
+    access = Access("load", pointer.at(tuple(z3.IntVal(0) for _ in shape)).arg, pointer, mask, op.loc, list(path),
+                    loop=interp.loop())
 
     def at(lane):
         ptr = pointer.at(lane)
         if kind.name == "float":
             loaded = ("load", access, lane)
             return loaded if mask is None else ("select", mask.at(lane), loaded,
-                                                other.at(lane) if other else ("const", 0.0))
+                                                other.at(lane) if other else ("const", 0.0), op.loc)
         memory = z3.Function(f"{ptr.arg}_value", z3.IntSort(), z3.IntSort())
         loaded = memory(ptr.offset)
         if kind.name == "bool":
@@ -499,7 +509,7 @@ def _store(interp, op, env, path):
     pointer, value = env[names[0]], env[names[1]]
     mask = env[names[2]] if len(names) > 2 else None
     arg = pointer.at(tuple(z3.IntVal(0) for _ in pointer.shape)).arg
-    interp.trace.accesses.append(Access("store", arg, pointer, mask, op.loc, list(path), value))
+    interp.trace.accesses.append(Access("store", arg, pointer, mask, op.loc, list(path), value, interp.loop()))
     return []
 
 
@@ -540,7 +550,7 @@ def _reduce(interp, op, env, path):
     axis = _attr_int(op, "axis")
     combiners = [o.name for o in op.regions[0].ops if o.name != "tt.reduce.return"]
     shape = source.shape[:axis] + source.shape[axis + 1:]
-    interp.trace.reductions.append((tuple(combiners), source, op.loc))
+    interp.trace.reductions.append((tuple(combiners), source, op.loc, interp.loop()))
     return [Tensor(shape, Kind("float", 32), lambda lane: ("reduce", tuple(combiners), source, axis, lane))]
 
 
@@ -564,7 +574,8 @@ def _for(interp, op, env, path):
         raise Unsupported("scf.for with a step other than 1", op.loc)
     iv = interp.fresh("iv")
     inside = path + [lower <= iv, iv < upper]
-    interp.trace.loops.append(Loop(iv, lower, upper, op.loc, list(path)))
+    loop = Loop(iv, lower, upper, op.loc, list(path))
+    interp.trace.loops.append(loop)
     body_env = dict(env)
     body_env[iv_name] = _scalar(Kind("int", 32), iv)
     carried = re.findall(r'(%[\w$.#-]+) = (%[\w$.#-]+)', match.group(5) or "")
@@ -573,7 +584,9 @@ def _for(interp, op, env, path):
         if initial.kind.name != "float":
             raise Unsupported("scf.for carrying an integer or pointer value", op.loc)
         body_env[name] = Tensor(initial.shape, initial.kind, lambda lane, n=name: ("opaque", n))
+    interp.loops.append(loop)
     interp.block(op.regions[0].ops, body_env, inside)
+    interp.loops.pop()
     return [Tensor(env[init].shape, env[init].kind, lambda lane, n=result: ("opaque", n))
             for (_, init), result in zip(carried, op.results)]
 

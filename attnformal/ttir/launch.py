@@ -39,7 +39,6 @@ class TensorRole:
     tile: str | None = None
     output: bool = False
     contract: Callable | None = None
-    decode: bool = True  # whether the contract reads the entry's index (else only its value)
 
 
 @dataclass
@@ -57,6 +56,8 @@ class LaunchDescription:
     key_loop: tuple[str, int]  # (table, axis): the loop over key blocks reads its bounds from this table
     block: Callable  # config -> (rows per query block, keys per key block)
     pointer_types: dict = field(default_factory=dict)  # pointer parameter -> Triton type ("*i32"); else *fp32
+    table_indices: Callable = lambda program, iv: {}  # (program coordinates, key loop iv or None) -> the
+    # entries each table is read at: {table: [index, ...]} (where its contract is instantiated)
 
 
 def _cdiv(a, b):
@@ -80,7 +81,8 @@ def _fwd_constraints(s, config):
     facts += [s[n] <= INT32_MAX for n in s]  # every length travels as an i32 argument
     facts += [s["Hq"] == s["G"] * s["Hkv"], s["D"] <= config["BLOCK_D"], s["Dv"] <= config["BLOCK_DV"],
               s["nM"] == _cdiv(s["Sq"], bm), s["nN"] == _cdiv(s["Sk"], bn),
-              s["B"] * s["Hq"] <= 65535]  # CUDA's grid z limit
+              s["B"] * s["Hq"] <= 65535, s["S"] <= 65535,  # CUDA's grid z and y limits
+              s["nM"] * bm <= INT32_MAX, s["nN"] * bn <= INT32_MAX]  # check_launchable: padded lengths < 2**31
     numels = [s["B"] * s["Hq"] * s["Sq"] * s["D"], s["B"] * s["Hkv"] * s["Sk"] * s["D"],
               s["B"] * s["Hkv"] * s["Sk"] * s["Dv"], s["S"] * s["B"] * s["Hq"] * s["Sq"] * s["Dv"],
               s["B"] * s["nM"] * s["nN"], s["B"] * s["nM"] * s["S"] * 2]
@@ -88,13 +90,8 @@ def _fwd_constraints(s, config):
 
 
 def _fwd_preconditions(s, config):
-    """Row offsets ``rows * head_dim`` are i32 in :func:`_load_rows`: the host must keep them in range."""
-    pad_q = s["nM"] * config["BLOCK_M"]
-    pad_k = s["nN"] * config["BLOCK_N"]
-    return [("i32 row offsets: (blocks * BLOCK) * head_dim < 2**31",
-             z3.And(pad_q * s["D"] <= INT32_MAX, pad_q * s["Dv"] <= INT32_MAX,
-                    pad_k * s["D"] <= INT32_MAX, pad_k * s["Dv"] <= INT32_MAX)),
-            ("i32 state row: num_splits * batch < 2**31", s["S"] * s["B"] <= INT32_MAX)]
+    """Nothing beyond what the host admits (the constraints): the kernel's i32 arithmetic is in range."""
+    return []
 
 
 def _geometry(s, config):
@@ -125,6 +122,15 @@ def _classes(index, value, s, config, context):
     return z3.And(facts)
 
 
+def _fwd_table_indices(program, iv):
+    """The program's split range (both ends) and, in the key loop, the class of tile ``(bm, iv)``."""
+    b, bm = program["b"], program["bm"]
+    at = {"KV_SPLITS": [(b, bm, program["split"], 0), (b, bm, program["split"], 1)]}
+    if iv is not None:
+        at["CLASSES"] = [(b, bm, iv)]
+    return at
+
+
 def _splits(index, value, s, config, context):
     """Split ranges lie within the key blocks (obligation 11: they partition the visited range)."""
     return z3.And(0 <= value, value <= s["nN"])
@@ -151,7 +157,7 @@ FORWARD = LaunchDescription(
         ROW_LO=TensorRole(("B", "Sq"), contract=_row_end(0)),
         ROW_HI=TensorRole(("B", "Sq"), contract=_row_end(1)),
         CLASSES=TensorRole(("B", "nM", "nN"), contract=_classes),
-        KV_SPLITS=TensorRole(("B", "nM", "S", "2"), contract=_splits, decode=False),
+        KV_SPLITS=TensorRole(("B", "nM", "S", "2"), contract=_splits),
         SCALARS=TensorRole(("3",)),
     ),
     configs=[dict(_FWD_BASE, CAUSAL=mode) for mode in range(len(CAUSAL_MODES))],
@@ -159,6 +165,7 @@ FORWARD = LaunchDescription(
     geometry=_geometry, key_loop=("KV_SPLITS", 3), block=lambda config: (config["BLOCK_M"], config["BLOCK_N"]),
     pointer_types={name: "*i32" for name in ("ROW_LO", "ROW_HI", "CLASSES", "KV_SPLITS")}
     | {"ATTN_MASK": "*i8", "KEEP": "*i8"},
+    table_indices=_fwd_table_indices,
 )
 
 LAUNCHES = {FORWARD.kernel: FORWARD}

@@ -25,15 +25,17 @@ import importlib
 import itertools
 import math
 import time
+from dataclasses import dataclass
 
 import z3
 
-from attnformal.logic import PROVED, REFUTED, UNKNOWN, VACUOUS, Proof
+from attnformal.logic import DEFAULT_WALL_S, PROVED, REFUTED, RLIMIT_UNIT, UNKNOWN, VACUOUS, Budget, Proof
 from attnformal.ttir.interpret import Unsupported, interpret
 from attnformal.ttir.launch import LaunchDescription, TensorRole
 from attnformal.ttir.lower import lower
 
 TOOL = "z3+ttir"
+QUERY_UNITS = 100 * RLIMIT_UNIT  # per query; placeholder, set from measurement
 
 
 class Setting:
@@ -50,9 +52,11 @@ class Setting:
         self.facts += [z3.And(0 <= p, p < n) for p, n in zip(pids, grid)]
         self.program, program_facts = launch.program(self.sizes, config, pids, self.fresh)
         self.facts += program_facts + trace.definitions
-        self.assumed = [name for name, _ in launch.preconditions(self.sizes, config)]
+        self.assumed = ["the shapes and grid the host admits (the launch's constraints)",
+                        "the host's tables hold their contracts ("
+                        + ", ".join(name for name, role in launch.tensors.items() if role.contract) + ")"]
+        self.assumed += [name for name, _ in launch.preconditions(self.sizes, config)]
         self.facts += [fact for _, fact in launch.preconditions(self.sizes, config)]
-        self.loop_facts = [z3.And(loop.lower <= loop.iv, loop.iv < loop.upper) for loop in trace.loops]
 
     def fresh(self, stem):
         return z3.Int(f"{self.prefix}{stem}~{next(self.counter)}")
@@ -74,9 +78,9 @@ class Setting:
         return offset
 
     def table_facts(self, terms, context=None):
-        """The contracts of the table entries the terms read: value-only ones everywhere; those that read
-        the entry's index at the candidate indices the theorem names (``context["at"][table]``), as
-        ``offset == layout(index) => contract`` (Z3 then only has to match the kernel's offset)."""
+        """The contracts of the table entries the terms read, at the candidate indices the theorem names
+        (``context["at"][table]``), as ``offset == layout(index) => contract`` (Z3 then only has to match
+        the kernel's offset)."""
         facts, context = [], context or {}
         for name, role in self.launch.tensors.items():
             if role.contract is None:
@@ -84,10 +88,7 @@ class Setting:
             memory = z3.Function(f"{name}_value", z3.IntSort(), z3.IntSort())
             for application in _applications(terms, memory):
                 offset = application.arg(0)
-                if not role.decode:
-                    inside = z3.And(0 <= offset, offset < self.numel(role))
-                    facts.append(z3.Implies(inside, role.contract(None, application, self.sizes, self.config, {})))
-                for index in context.get("at", {}).get(name, ()) if role.decode else ():
+                for index in context.get("at", {}).get(name, ()):
                     in_range = [z3.And(0 <= x, x < n) for x, n in zip(index, self.dims(role))]
                     facts.append(z3.Implies(z3.And(offset == self.layout(role, index), *in_range),
                                             role.contract(index, application, self.sizes, self.config, context)))
@@ -107,50 +108,78 @@ def _applications(terms, decl):
     return found
 
 
-def decide(claim, hypotheses, goal, setting, timeout_s, show=(), context=None) -> Proof:
-    """``hypotheses => goal`` for all values: unsat of its negation (with the tables' contracts)."""
+@dataclass(frozen=True)
+class Limits:
+    """What each query may spend: Z3 resource units (deterministic; the verdict rests on them) and a
+    wall-clock safety net far above what they take (attnformal.logic.Budget)."""
+
+    units: int = QUERY_UNITS
+    seconds: float = DEFAULT_WALL_S
+
+    def budget(self) -> Budget:
+        return Budget(seconds=self.seconds, rlimit=self.units)
+
+
+def decide(claim, hypotheses, goal, setting, limits, show=(), context=None) -> Proof:
+    """``hypotheses => goal`` for all values: unsat of its negation (with the tables' contracts). A refutation
+    shows the smallest launch found (:func:`_small_counterexample`)."""
     start = time.perf_counter()
     base = setting.facts + list(hypotheses)
     tables = setting.table_facts(base + [goal], context)
-    for solver in _solvers(timeout_s):  # a second strategy only when the first gives up
+    budget = limits.budget()
+    for share, solver in zip((0.4, 0.5), _solvers()):  # a second strategy only when the first gives up
         solver.add(*base, *tables, z3.Not(goal))
-        verdict = solver.check()
+        verdict, _ = budget.check(solver, share=share)
         if verdict != z3.unknown:
             break
-    seconds = time.perf_counter() - start
-    assumed = tuple(setting.assumed)
     if verdict == z3.unsat:
-        return _unless_vacuous(Proof(claim, TOOL, PROVED, hypotheses=assumed, seconds=seconds, queries=1),
-                               base + tables, timeout_s)
-    if verdict == z3.sat:
+        return _unless_vacuous(Proof(claim, TOOL, PROVED, **_spent(setting, start, budget)), base + tables, limits)
+    model = _small_counterexample(base + tables + [z3.Not(goal)], setting, budget)
+    if model is None and verdict == z3.sat:
         model = solver.model()
+    if model is not None:
         shown = {name: str(model.eval(term, model_completion=True)) for name, term in _shown(setting, show)}
-        return Proof(claim, TOOL, REFUTED, hypotheses=assumed, countermodel=shown, seconds=seconds, queries=1)
-    return Proof(claim, TOOL, UNKNOWN, hypotheses=assumed, seconds=seconds, queries=1,
-                 detail=f"z3: {solver.reason_unknown()}")
+        return Proof(claim, TOOL, REFUTED, countermodel=shown, **_spent(setting, start, budget))
+    status, detail = budget.unknown_reason(solver)
+    return Proof(claim, TOOL, status, detail=f"z3: {detail}", **_spent(setting, start, budget))
 
 
-def _unless_vacuous(proof, premise, timeout_s):
+SMALL_LAUNCHES = (2, 16, 256, 2 ** 16)  # bounds on every length tried in turn for the smallest refutation
+
+
+def _small_counterexample(query, setting, budget):
+    """A model of the refutation with every length <= the first bound that admits one (Z3 finds those
+    fast where the unbounded nonlinear query is slow), or None."""
+    for bound in SMALL_LAUNCHES:
+        solver = z3.Solver()
+        solver.add(*query, *[size <= bound for size in setting.sizes.values()])
+        verdict, _ = budget.check(solver, share=0.25)
+        if verdict == z3.sat:
+            return solver.model()
+    return None
+
+
+def _spent(setting, start, budget):
+    return dict(hypotheses=tuple(setting.assumed), seconds=time.perf_counter() - start, queries=1,
+                rlimit=budget.used)
+
+
+def _unless_vacuous(proof, premise, limits):
     """A proof whose premise is unsatisfiable proves nothing: VACUOUS when Z3 finds it so."""
     solver = z3.Solver()
-    solver.set("timeout", int(timeout_s * 250))
     solver.add(*premise)
-    verdict = solver.check()
+    verdict, _ = limits.budget().check(solver)
     if verdict == z3.unsat:
         return proof.but(status=VACUOUS, detail="the premise is unsatisfiable")
     if verdict == z3.unknown:
-        return proof.but(detail="premise satisfiability not decided in time")
+        return proof.but(detail="premise satisfiability not decided within the budget")
     return proof
 
 
-def _solvers(timeout_s):
-    """Z3's default, then equations solved away first (offsets are sums of products of the arguments)."""
-    plain = z3.Solver()
-    plain.set("timeout", int(timeout_s * 500))
-    yield plain
-    eliminated = z3.Then("simplify", "propagate-values", "solve-eqs", "simplify", "smt").solver()
-    eliminated.set("timeout", int(timeout_s * 500))
-    yield eliminated
+def _solvers():
+    """Equations solved away first (offsets are sums of products of the arguments), then Z3's default."""
+    yield z3.Then("simplify", "propagate-values", "solve-eqs", "simplify", "smt").solver()
+    yield z3.Solver()
 
 
 def _shown(setting, extra):
@@ -161,11 +190,11 @@ def _shown(setting, extra):
 
 # ------------------------------------------------------------------------ the theorems
 
-def no_wrap(setting, timeout_s):
+def no_wrap(setting, limits):
     for record in setting.trace.no_wrap:
         lane, ranges = setting.lane(record.shape)
-        yield decide(f"no-wrap: {record.what} at {record.loc}", ranges + record.path + setting.loop_facts,
-                     record.holds(lane), setting, timeout_s, _lane_shown(lane))
+        yield decide(f"no-wrap: {record.what} at {record.loc}", ranges + record.path,
+                     record.holds(lane), setting, limits, _lane_shown(lane), context=_table_context(setting, record.loop))
 
 
 def _lane_shown(lane, stem="lane"):
@@ -176,41 +205,65 @@ def _mask_at(access, lane):
     return z3.BoolVal(True) if access.mask is None else access.mask.at(lane if access.mask.shape else ())
 
 
-def bounds(setting, timeout_s, addresses):
-    """Tiled accesses: from their address theorem and the layout lemma; the others (tables) directly."""
+def bounds(setting, limits, addresses):
+    """Tiled accesses: from their address theorem and the layout lemma; table loads the launch names the
+    entries of: from the entry read and the layout lemma; the others directly."""
     lemmas = {}
     for access in setting.trace.accesses:
         role = setting.launch.tensors.get(access.arg)
         claim = f"bounds: {access.op} of {access.arg} at {access.loc}"
         if role is None:
             yield Proof(claim, TOOL, UNKNOWN, detail=f"the launch description does not describe {access.arg}")
-        elif role.tile is not None and id(access) in addresses:
-            if access.arg not in lemmas:
-                lemmas[access.arg] = _layout_lemma(setting, access.arg, role, timeout_s)
-            by = (addresses[id(access)], lemmas[access.arg])
-            status = next((p.status for p in by if p.status != PROVED), PROVED)
-            yield Proof(claim, TOOL, status, hypotheses=tuple(setting.assumed), by=by,
-                        detail="" if status == PROVED else "its address theorem or layout lemma is not proved")
+            continue
+        if role.tile is not None and id(access) in addresses:
+            where = addresses[id(access)]
+        elif access.arg in _table_context(setting, access.loop)["at"]:
+            where = _table_entry(setting, access, role, limits)
         else:
             lane, ranges = setting.lane(access.ptr.shape)
             offset = access.ptr.at(lane).offset
-            yield decide(claim, ranges + access.path + setting.loop_facts + [_mask_at(access, lane)],
-                         z3.And(0 <= offset, offset < setting.numel(role)), setting, timeout_s,
+            yield decide(claim, ranges + access.path + [_mask_at(access, lane)],
+                         z3.And(0 <= offset, offset < setting.numel(role)), setting, limits,
                          _lane_shown(lane) + [("offset", offset)])
+            continue
+        if access.arg not in lemmas:
+            lemmas[access.arg] = _layout_lemma(setting, access.arg, role, limits)
+        by = (where, lemmas[access.arg])
+        status = next((p.status for p in by if p.status != PROVED), PROVED)
+        yield Proof(claim, TOOL, status, hypotheses=tuple(setting.assumed), by=by,
+                    detail="" if status == PROVED else f"not proved: {where.claim.split(':')[0]} or the layout lemma")
 
 
-def _layout_lemma(setting, name, role, timeout_s):
+def _table_context(setting, loop):
+    """Where the launch says the tables are read: ``{"at": {table: [index]}}``."""
+    return {"at": setting.launch.table_indices(setting.program, loop.iv if loop is not None else None)}
+
+
+def _table_entry(setting, access, role, limits):
+    """A table load reads one of the entries the launch names, each index in range."""
+    lane, ranges = setting.lane(access.ptr.shape)
+    offset = access.ptr.at(lane).offset
+    entries = _table_context(setting, access.loop)["at"][access.arg]
+    dims = setting.dims(role)
+    goal = z3.Or([z3.And(offset == setting.layout(role, index), *[z3.And(0 <= x, x < n) for x, n in zip(index, dims)])
+                  for index in entries])
+    return decide(f"table entry: load of {access.arg} at {access.loc} reads {access.arg}[{len(entries)} named entries]",
+                  ranges + access.path + [_mask_at(access, lane)], goal, setting, limits,
+                  _lane_shown(lane) + [("offset", offset)], context=_table_context(setting, access.loop))
+
+
+def _layout_lemma(setting, name, role, limits):
     index = [setting.fresh(f"{name}_i") for _ in role.dims]
     ranges = [z3.And(0 <= x, x < n) for x, n in zip(index, setting.dims(role))]
     offset = setting.layout(role, index)
     return decide(f"layout: {name}'s row-major offset of an in-range index lies in [0, numel)", ranges,
-                  z3.And(0 <= offset, offset < setting.numel(role)), setting, timeout_s)
+                  z3.And(0 <= offset, offset < setting.numel(role)), setting, limits)
 
 
-def tile_index(setting, role, lane):
-    """The logical index the launch assigns to a lane of a tiled access, and where it exists."""
+def tile_index(setting, role, lane, loop):
+    """The logical index the launch assigns to a lane of a tiled access (``loop``: the key loop around it),
+    and where it exists."""
     block_m, block_n = setting.launch.block(setting.config)
-    loop = setting.trace.loops[0] if setting.trace.loops else None
     if role.tile == "key" and loop is None:
         return None
     origin = setting.program["bm"] * block_m if role.tile == "query" else loop.iv * block_n
@@ -229,13 +282,13 @@ def tile_index(setting, role, lane):
     return index, z3.And(exists)
 
 
-def address(setting, timeout_s, proven):
+def address(setting, limits, proven):
     for access in setting.trace.accesses:
         role = setting.launch.tensors.get(access.arg)
         if role is None or role.tile is None:
             continue
         lane, ranges = setting.lane(access.ptr.shape)
-        placed = tile_index(setting, role, lane)
+        placed = tile_index(setting, role, lane, access.loop)
         claim = f"address: {access.op} of {access.arg} at {access.loc}"
         if placed is None or len(access.ptr.shape) != 1 + (role.feature is not None):
             yield Proof(claim, TOOL, UNKNOWN, detail="the access's tile shape does not match its layout's axes")
@@ -243,67 +296,76 @@ def address(setting, timeout_s, proven):
         index, exists = placed
         mask = _mask_at(access, lane)
         goal = z3.And(mask == exists, z3.Implies(mask, access.ptr.at(lane).offset == setting.layout(role, index)))
-        proof = decide(claim, ranges + access.path + setting.loop_facts, goal, setting, timeout_s,
+        proof = decide(claim, ranges + access.path, goal, setting, limits,
                        _lane_shown(lane) + [("offset", access.ptr.at(lane).offset),
-                                            ("expected", setting.layout(role, index)), ("mask", mask)])
+                                            ("expected", setting.layout(role, index)), ("mask", mask)],
+                       context=_table_context(setting, access.loop))
         proven[id(access)] = proof
         yield proof
 
 
-def coverage(setting, timeout_s):
-    """The key loop's bounds are the host's split range of this program (table, axis of the two ends)."""
+def coverage(setting, limits):
+    """Each key block of the host's split range of this program is the iteration of exactly one key loop,
+    and no loop runs over a block outside it (table, axis of the two ends)."""
     table, axis = setting.launch.key_loop
     role = setting.launch.tensors[table]
     memory = z3.Function(f"{table}_value", z3.IntSort(), z3.IntSort())
-    if len(setting.trace.loops) != 1:
-        yield Proof("coverage: one key loop", TOOL, UNKNOWN, detail=f"{len(setting.trace.loops)} loops in the IR")
+    loops = setting.trace.loops
+    if not loops:
+        yield Proof("coverage: a key loop", TOOL, UNKNOWN, detail="no scf.for in the IR")
         return
-    loop = setting.trace.loops[0]
     index = [setting.program[name] for name in ("b", "bm", "split")]
     ends = [memory(setting.layout(role, index + [end])) for end in (0, 1)]
-    yield decide(f"coverage: the key loop at {loop.loc} runs over {table}[b, bm, split, 0:2]", loop.path,
-                 z3.And(loop.lower == ends[0], loop.upper == ends[1]), setting, timeout_s,
-                 [("loop start", loop.lower), ("loop end", loop.upper), ("table start", ends[0]),
-                  ("table end", ends[1])])
+    block = setting.fresh("block")
+    visits = z3.Sum([z3.If(z3.And(*loop.path, loop.lower <= block, block < loop.upper), 1, 0) for loop in loops])
+    wanted = z3.If(z3.And(ends[0] <= block, block < ends[1]), 1, 0)
+    where = ", ".join(loop.loc for loop in loops)
+    yield decide(f"coverage: the key loop{'s' if len(loops) > 1 else ''} at {where} visit each block of "
+                 f"{table}[b, bm, split, 0:2] once, no other", [], visits == wanted, setting, limits,
+                 [("block", block), ("visits", visits), ("table start", ends[0]), ("table end", ends[1])]
+                 + sum(([(f"loop {k} start", loop.lower), (f"loop {k} end", loop.upper)]
+                        for k, loop in enumerate(loops)), []))
 
 
-def masking(setting, timeout_s):
-    """Lane ``(r, c)`` of the softmax input: raw score of ``(i, j)`` iff ``may_attend(i, j)``, else -inf."""
-    maxima = [(source, loc) for combiners, source, loc in setting.trace.reductions
-              if combiners and all("max" in c for c in combiners)]
-    if len(maxima) != 1:
-        yield Proof("masking: one row max of the scores", TOOL, UNKNOWN, detail=f"{len(maxima)} max reductions")
-        return
-    source, loc = maxima[0]
+def masking(setting, limits):
+    """Lane ``(r, c)`` of each softmax input (a row max in a key loop): raw score of ``(i, j)`` iff
+    ``may_attend(i, j)``, else -inf."""
+    maxima = [(source, loc, loop) for combiners, source, loc, loop in setting.trace.reductions
+              if combiners and all("max" in c for c in combiners) and loop is not None]
+    if not maxima:
+        yield Proof("masking: a row max of the scores in a key loop", TOOL, UNKNOWN, detail="no max reduction")
+    for source, loc, loop in maxima:
+        yield _masking_at(setting, source, loc, loop, limits)
+
+
+def _masking_at(setting, source, loc, loop, limits):
     lane, ranges = setting.lane(source.shape)
     try:
-        score, neg_inf, dots, fills = _classify(source.at(lane))
+        score, neg_inf, dots, fills, selects = _classify(source.at(lane))
     except Unsupported as why:
-        yield Proof(f"masking: the scores at {loc}", TOOL, UNKNOWN, detail=str(why))
-        return
+        return Proof(f"masking: the scores at {loc}", TOOL, UNKNOWN, detail=str(why))
     if len(dots) != 1:
-        yield Proof(f"masking: the scores at {loc}", TOOL, UNKNOWN, detail=f"{len(dots)} products reach the max")
-        return
+        return Proof(f"masking: the scores at {loc}", TOOL, UNKNOWN, detail=f"{len(dots)} products reach the max")
     i, j, facts = _score_indices(setting, dots[0])
-    may = setting.launch.geometry(setting.sizes, setting.config)
     from attnformal.masks import may_attend
-    goal = z3.And(z3.Or(score, neg_inf), score == may_attend(i, j, may))
-    proof = decide(f"masking: scores reaching the row max at {loc} are -inf unless may_attend(i, j)",
-                   ranges + facts + setting.loop_facts + (setting.trace.loops[0].path if setting.trace.loops else []),
-                   goal, setting, timeout_s, _lane_shown(lane) + [("i", i), ("j", j), ("score kept", score)],
-                   context=_masking_context(setting, i, j))
+    goal = z3.And(z3.Or(score, neg_inf), score == may_attend(i, j, setting.launch.geometry(setting.sizes,
+                                                                                         setting.config)))
+    masked_at = f" (masked at {', '.join(dict.fromkeys(selects))})" if selects else " (no mask)"
+    proof = decide(f"masking: scores reaching the row max at {loc} are -inf unless may_attend(i, j){masked_at}",
+                   ranges + facts + [z3.And(loop.lower <= loop.iv, loop.iv < loop.upper)] + loop.path,
+                   goal, setting, limits, _lane_shown(lane) + [("i", i), ("j", j), ("score kept", score)],
+                   context=_masking_context(setting, i, j, loop))
     finite = [v for v in fills if v != -math.inf]
     if proof.status == REFUTED and finite:
         proof = proof.but(detail=_finite_fill_detail(finite[0]))
-    yield proof
+    return proof
 
 
-def _masking_context(setting, i, j):
-    """Where the host's tables are read for score ``(i, j)``: row ``i``'s interval, the tile of ``(bm, bn)``."""
+def _masking_context(setting, i, j, loop):
+    """Where the host's tables are read for score ``(i, j)``: row ``i``'s interval, and the launch's entries."""
     b = setting.program["b"]
-    loop = setting.trace.loops[0]
     return {"i": i, "j": j, "b": b,
-            "at": {"ROW_LO": [(b, i)], "ROW_HI": [(b, i)], "CLASSES": [(b, setting.program["bm"], loop.iv)]}}
+            "at": {"ROW_LO": [(b, i)], "ROW_HI": [(b, i)], **_table_context(setting, loop)["at"]}}
 
 
 def _finite_fill_detail(fill):
@@ -315,24 +377,24 @@ def _finite_fill_detail(fill):
 
 
 def _classify(value):
-    """``(raw score?, -inf?, products, fill constants)`` of a softmax-input element."""
+    """``(raw score?, -inf?, products, fill constants, select lines)`` of a softmax-input element."""
     kind = value[0]
     if kind == "dot":
-        return z3.BoolVal(True), z3.BoolVal(False), [value], []
+        return z3.BoolVal(True), z3.BoolVal(False), [value], [], []
     if kind == "const":
-        return z3.BoolVal(False), z3.BoolVal(value[1] == -math.inf), [], [value[1]]
+        return z3.BoolVal(False), z3.BoolVal(value[1] == -math.inf), [], [value[1]], []
     if kind == "select":
         cond = value[1]
-        s1, n1, d1, f1 = _classify(value[2])
-        s2, n2, d2, f2 = _classify(value[3])
-        return z3.If(cond, s1, s2), z3.If(cond, n1, n2), _unique(d1 + d2), f1 + f2
+        s1, n1, d1, f1, l1 = _classify(value[2])
+        s2, n2, d2, f2, l2 = _classify(value[3])
+        return z3.If(cond, s1, s2), z3.If(cond, n1, n2), _unique(d1 + d2), f1 + f2, [value[4]] + l1 + l2
     if kind == "op" and value[1] in ("arith.mulf", "arith.addf", "arith.subf", "arith.divf"):
         parts = [_classify(a) if isinstance(a, tuple) and _has_dot(a) else None for a in value[2:]]
         scored = [p for p in parts if p is not None]
         if len(scored) == 1:
-            return scored[0][0], z3.BoolVal(False), scored[0][2], scored[0][3]
+            return scored[0][0], z3.BoolVal(False), *scored[0][2:]
     if kind in ("opaque", "param", "load"):
-        return z3.BoolVal(False), z3.BoolVal(False), [], []
+        return z3.BoolVal(False), z3.BoolVal(False), [], [], []
     raise Unsupported(f"score expression {kind} {value[1] if kind == 'op' else ''}", "the softmax input")
 
 
@@ -367,11 +429,11 @@ def _tile_row(setting, element):
         raise Unsupported(f"product operand {element[0]}", "the softmax input")
     access, lane = element[1], element[2]
     role = setting.launch.tensors[access.arg]
-    index, _ = tile_index(setting, role, lane)
+    index, _ = tile_index(setting, role, lane, access.loop)
     return index[role.seq]
 
 
-def writes(setting, other, timeout_s):
+def writes(setting, other, limits):
     """Two programs (``setting`` and ``other``, a second run), each output element: written by one lane of one."""
     stores = [(a, b) for a, b in zip(setting.trace.accesses, other.trace.accesses)
               if a.op == "store" and setting.launch.tensors.get(a.arg, TensorRole(())).output]
@@ -385,13 +447,13 @@ def writes(setting, other, timeout_s):
                          first.ptr.at(lane1).offset == second.ptr.at(lane2).offset)
         joint = _Joint(setting, other)
         yield decide(f"writes: no two programs or lanes store the same {first.arg} element ({first.loc})",
-                     r1 + r2 + first.path + second.path + other.facts, z3.Implies(collide, same), joint, timeout_s,
+                     r1 + r2 + first.path + second.path + other.facts, z3.Implies(collide, same), joint, limits,
                      _lane_shown(lane1, "lane1") + _lane_shown(lane2, "lane2")
                      + [(f"other program_id({a})", p) for a, p in zip("xyz", other.trace.program_ids)])
-        yield _every_element_written(setting, first, role, timeout_s)
+        yield _every_element_written(setting, first, role, limits)
 
 
-def _every_element_written(setting, store, role, timeout_s):
+def _every_element_written(setting, store, role, limits):
     """The program and lane the grid assigns to an element (block of its row, lane = row % BLOCK_M) store it."""
     target = [setting.fresh(f"elem{k}") for k in role.dims]
     in_range = [z3.And(0 <= x, x < n) for x, n in zip(target, setting.dims(role))]
@@ -402,7 +464,7 @@ def _every_element_written(setting, store, role, timeout_s):
     witness += [setting.program["bm"] * block_m <= row, row < setting.program["bm"] * block_m + block_m]
     goal = z3.And(_mask_at(store, tuple(lane)), store.ptr.at(tuple(lane)).offset == setting.layout(role, target))
     return decide(f"writes: every {store.arg} element is stored ({store.loc})", in_range + witness + store.path,
-                  goal, setting, timeout_s, [(f"element[{k}]", x) for k, x in enumerate(target)])
+                  goal, setting, limits, [(f"element[{k}]", x) for k, x in enumerate(target)])
 
 
 class _Joint:
@@ -421,7 +483,7 @@ class _Joint:
 THEOREMS = ("no-wrap", "address", "bounds", "masking", "coverage", "writes")
 
 
-def prove_launch(launch: LaunchDescription, fn=None, timeout_s=60.0, theorems=THEOREMS, configs=None):
+def prove_launch(launch: LaunchDescription, fn=None, limits=Limits(), theorems=THEOREMS, configs=None):
     """Every theorem on every configuration: ``[(config, [Proof])]``. ``fn`` overrides the kernel (a planted copy)."""
     fn = fn if fn is not None else load_attr(launch.kernel)
     results = []
@@ -434,11 +496,11 @@ def prove_launch(launch: LaunchDescription, fn=None, timeout_s=60.0, theorems=TH
             continue
         setting, other = Setting(launch, config, trace), Setting(launch, config, second, prefix="p2_")
         proofs, addresses = [], {}
-        runners = {"no-wrap": lambda: no_wrap(setting, timeout_s),
-                   "address": lambda: address(setting, timeout_s, addresses),
-                   "bounds": lambda: bounds(setting, timeout_s, addresses),
-                   "masking": lambda: masking(setting, timeout_s), "coverage": lambda: coverage(setting, timeout_s),
-                   "writes": lambda: writes(setting, other, timeout_s)}
+        runners = {"no-wrap": lambda: no_wrap(setting, limits),
+                   "address": lambda: address(setting, limits, addresses),
+                   "bounds": lambda: bounds(setting, limits, addresses),
+                   "masking": lambda: masking(setting, limits), "coverage": lambda: coverage(setting, limits),
+                   "writes": lambda: writes(setting, other, limits)}
         for name in THEOREMS:  # address before bounds, which rests on it
             if name in theorems or (name == "address" and "bounds" in theorems):
                 proofs += list(runners[name]())

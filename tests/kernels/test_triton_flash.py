@@ -504,6 +504,19 @@ def test_float64_is_refused_on_an_npu():
     triton_flash.check_launchable(spec, SMALL, torch.float64, "cuda")
 
 
+def test_lengths_past_int32_tile_indices_are_refused():
+    """Tile row indices are int32 in the kernels (prove --triton's no-wrap rests on it): a length whose
+    padding to the block reaches 2**31 is refused, one block less is accepted."""
+    from attnformal.spec import AttentionSpec
+
+    def spec(len_q):
+        return AttentionSpec(batch=1, heads_q=1, heads_kv=1, len_q=len_q, len_k=64, head_dim=16, head_dim_v=16,
+                             scale=1.0)
+    with pytest.raises(NotImplementedError, match="argument 'q': sequence length 2147483647"):
+        triton_flash.check_launchable(spec(2 ** 31 - 1), SMALL, torch.float32, "cuda")
+    triton_flash.check_launchable(spec(2 ** 31 - SMALL.block_m), SMALL, torch.float32, "cuda")
+
+
 def test_bad_input_is_named():
     q, k, v, _ = make_inputs(38, heads_q=3, heads_kv=2)
     with pytest.raises(SpecError, match="argument 'k'"):

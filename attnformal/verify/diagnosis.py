@@ -166,6 +166,11 @@ def localise(name: str, over: torch.Tensor, case, expected) -> tuple[str, list[F
         tail = _ragged_tail_only(over, spec.len_k)
         if tail:
             found.append(finding("ragged_block", PATTERN, f"only keys of the last partial block of {tail} fail"))
+    if name in ("out", "lse", "dq"):  # query rows: a partial last block of any size a kernel may use
+        tail = _ragged_tail_only(over, spec.len_q)
+        if tail:
+            found.append(finding("ragged_block", PATTERN, f"only query rows past the last multiple of {tail} "
+                                                          f"fail"))
     return text, found
 
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from attnformal.verify.cases import generator, make_case, randn, random_attn_mask, shape, value_offsets
+from attnformal.verify.cases import generator, randn, random_attn_mask, shape
 from attnformal.verify.checks import check
+from attnformal.verify.checks.accuracy import _scaled_case
 from attnformal.verify.diagnosis import PATTERN, STRONG
 
 BLOCK = 16  # the dominant key blocks: the first and the last 16 keys
@@ -54,19 +55,15 @@ def _blocks_masked(gen, sh):
 
 
 def dominant_case(run, name, sh, kw, spread):
-    """The case described in the module docstring; ``None`` when no row has a masked dominant block."""
-    sh, kw, notes = run.adapt(sh, {**kw, "scale": 1.0}, keep=("len_q", "len_k"))
-    gen = generator(run.seed(name))
-    q = 0.5 * randn(gen, sh.batch, sh.heads_q, sh.len_q, sh.head_dim)
-    k = 0.5 * randn(gen, sh.batch, sh.heads_kv, sh.len_k, sh.head_dim)
-    v = randn(gen, sh.batch, sh.heads_kv, sh.len_k, sh.head_dim_v) + value_offsets(sh.batch, sh.heads_kv)
-    case = make_case(name, q, k, v, run.dtype, run.device, run.seed(name), **kw).with_(adapted=notes)
+    """The case described in the module docstring (adapted: the dominant rows follow the lengths it gets);
+    ``None`` when no row has a masked dominant block."""
+    case = _scaled_case(run, name, sh, 0.5, 0.5, scale=1.0, **kw)
     allowed = case.spec.allowed().cpu()
     has_keys = allowed.any(-1)
     first, last = has_keys & ~allowed[..., :BLOCK].any(-1), has_keys & ~allowed[..., -BLOCK:].any(-1)
     if not (first | last).any():
         return None
-    q, k = torch.zeros_like(q[..., :2]), torch.zeros_like(k[..., :2])
+    q, k = torch.zeros(*case.q.shape[:3], 2), torch.zeros(*case.k.shape[:3], 2)
     q[..., 0] = first.double()
     q[..., 1] = (last & ~first).double()  # each row looks at one dominant block at most
     k[..., :BLOCK, 0] = spread
@@ -121,14 +118,9 @@ def magnitudes(dtype, sh) -> list[float]:
 
 
 def _large_case(run, name, sh, v_scale, do_scale, **kw):
-    sh, kw, notes = run.adapt(sh, kw, incidental=("causal",))
-    gen = generator(run.seed(name))
-    q, k = randn(gen, sh.batch, sh.heads_q, sh.len_q, sh.head_dim), randn(gen, sh.batch, sh.heads_kv, sh.len_k,
-                                                                          sh.head_dim)
-    v = v_scale * (randn(gen, sh.batch, sh.heads_kv, sh.len_k, sh.head_dim_v) + value_offsets(sh.batch, sh.heads_kv))
-    grad_out = do_scale * randn(gen, sh.batch, sh.heads_q, sh.len_q, sh.head_dim_v)
-    return make_case(name, q, k, v, run.dtype, run.device, run.seed(name), grad_out=grad_out,
-                     **kw).with_(adapted=notes)
+    case = _scaled_case(run, name, sh, 1.0, 1.0, v_scale, **kw)
+    grad_out = do_scale * randn(generator(run.seed(name, "dO")), *case.q.shape[:3], case.v.shape[3])
+    return case.with_(grad_out=grad_out.to(case.q))
 
 
 @check("extreme.value_range")

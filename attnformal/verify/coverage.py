@@ -15,6 +15,11 @@ from attnformal.verify.calls import FEATURES
 
 SHAPE_CLASSES = ("Sq < Sk", "Sq = Sk", "Sq > Sk", "ragged lengths", "several key blocks (Sk > 256)",
                  "long (Sk >= 4096)", "MQA (Hkv = 1)", "head dim not a power of 2")  # GQA, Dv != D: in FEATURES
+# Shape regimes a kernel may choose its path by (a decoding or split-KV path for few query rows or many key
+# blocks): bands of Sq and of Sk, as (largest length, label).
+SQ_BANDS = ((0, "0"), (1, "1"), (2, "2"), (16, "3-16"), (127, "17-127"), (None, ">= 128"))
+SK_BANDS = ((0, "0"), (1, "1"), (128, "2-128"), (1024, "129-1024"), (None, "> 1024"))
+REGIMES = tuple(f"Sq {q} x Sk {k}" for _, q in SQ_BANDS[1:] for _, k in SK_BANDS[1:])  # the empty ones aside
 THIN_CASES = 30  # fewer cases than this in a whole run is thin, whatever they cover
 RAN = ("pass", "FAIL")
 
@@ -35,9 +40,17 @@ def shape_classes(case) -> tuple[str, ...]:
     return tuple(found)
 
 
+def regime(case) -> str:
+    """The shape regime of ``case``: ``"Sq 3-16 x Sk 129-1024"`` (:data:`SQ_BANDS`, :data:`SK_BANDS`)."""
+    def band(n, bands):
+        return next(label for top, label in bands if top is None or n <= top)
+
+    return f"Sq {band(case.spec.len_q, SQ_BANDS)} x Sk {band(case.spec.len_k, SK_BANDS)}"
+
+
 def case_coverage(case, status: str, features, refused) -> dict:
     return {"status": status, "features": tuple(features), "classes": shape_classes(case),
-            "adapted": tuple(case.adapted), "refused": tuple(sorted(refused))}
+            "adapted": tuple(case.adapted), "refused": tuple(sorted(refused)), "regime": regime(case)}
 
 
 def check_coverage(cases: list[dict]) -> dict:
@@ -47,6 +60,7 @@ def check_coverage(cases: list[dict]) -> dict:
             "adaptations": dict(Counter(note for c in ran for note in c["adapted"])),
             "features": sorted({f for c in ran for f in c["features"]}),
             "classes": sorted({k for c in ran for k in c["classes"]}),
+            "regimes": sorted({c["regime"] for c in ran}),
             "refused_features": dict(Counter(f for c in cases if c["status"] == "unsupported" for f in c["refused"]))}
 
 
@@ -61,10 +75,12 @@ def run_coverage(results, *, selected_all: bool) -> dict:
         refused.update(p["refused_features"])
     features = {f for p in parts for f in p["features"]}
     classes = {k for p in parts for k in p["classes"]}
+    regimes = {k for p in parts for k in p.get("regimes", ())}
     total.update(adaptations=dict(adaptations.most_common()), refused_features=dict(refused.most_common()),
                  features=[f for f in FEATURES if f in features], classes=[k for k in SHAPE_CLASSES if k in classes],
                  missing_features=[f for f in FEATURES if f not in features],
-                 missing_classes=[k for k in SHAPE_CLASSES if k not in classes])
+                 missing_classes=[k for k in SHAPE_CLASSES if k not in classes],
+                 regimes=[k for k in REGIMES if k in regimes], missing_regimes=[k for k in REGIMES if k not in regimes])
     missing = len(total["missing_features"]) + len(total["missing_classes"])
     total["thin"] = selected_all and (total["run"] < THIN_CASES or missing > (len(FEATURES) + len(SHAPE_CLASSES)) // 2)
     return total

@@ -49,11 +49,14 @@ BUG_CLASSES = {c.id: c for c in (
     BugClass("mask_after_max", "masked scores take part in the row maximum (mask applied after the max), "
                                "so the allowed keys underflow"),
     BugClass("finite_mask_fill", "masked scores are filled with a finite value (like -1e4) instead of -inf"),
+    BugClass("finite_mask_sentinel", "masked scores are lowered by a finite sentinel (s - 1e6) instead of set to "
+                                     "-inf: masked keys win once they score that much above the allowed ones"),
     BugClass("nan_empty_rows", "rows with no allowed key give NaN/Inf (0/0) instead of output 0 and lse -inf"),
     BugClass("nan_first_block", "a row whose first key block is fully masked gives NaN although later keys are "
                                 "allowed: exp(s - m) with m = -inf is not guarded in a block with no allowed key"),
-    BugClass("ragged_block", "the last, partial key block is read past the end as zeros that enter the softmax "
-                             "(no bounds mask)"),
+    BugClass("ragged_block", "the last, partial block is mishandled (no bounds mask): keys past the end are read "
+                             "as zeros that enter the softmax, or query rows past the last full block are never "
+                             "written"),
     BugClass("causal_alignment", "the causal mask is aligned top-left where bottom-right was asked (or the reverse)"),
     *(BugClass(*f.edge_bug) for f in FEATURES if f.edge_bug is not None),  # a mask feature's edge
     BugClass("mask_wrong", "the mask admits or excludes keys it should not"),
@@ -80,6 +83,10 @@ BUG_CLASSES = {c.id: c for c in (
     BugClass("strides_mixed", "one tensor is read with another's strides (K with V's, or V with K's): wrong "
                               "whenever they have different layouts"),
     BugClass("strides_ignored", "non-contiguous inputs are read as if contiguous (strides ignored)"),
+    BugClass("partials_overflow", "partial results are stored in a type of narrower range (bfloat16 partial "
+                                  "outputs in float16): values past its finite maximum (65504) overflow"),
+    BugClass("shape_regime", "one path the kernel chooses by shape (split-KV / flash-decoding for small Sq or many "
+                             "key blocks, a block configuration) is wrong under one feature"),
     BugClass("low_precision_accumulation", "accumulation in low precision: the error grows with the sequence length"),
     BugClass("nondeterminism", "repeated identical calls disagree (a race or an uninitialised read)"),
     BugClass("unstable_softmax", "the softmax does not subtract the running maximum: exp overflows or "
@@ -159,6 +166,11 @@ def localise(name: str, over: torch.Tensor, case, expected) -> tuple[str, list[F
         tail = _ragged_tail_only(over, spec.len_k)
         if tail:
             found.append(finding("ragged_block", PATTERN, f"only keys of the last partial block of {tail} fail"))
+    if name in ("out", "lse", "dq"):  # query rows: a partial last block of any size a kernel may use
+        tail = _ragged_tail_only(over, spec.len_q)
+        if tail:
+            found.append(finding("ragged_block", PATTERN, f"only query rows past the last multiple of {tail} "
+                                                          f"fail"))
     return text, found
 
 
@@ -273,8 +285,8 @@ def _mutants(case, backward: bool):
             yield (f.edge_bug[0], f"batch b was given {f.name} of batch b + 1",
                    functools.partial(_reference_of, q, k, v, grad_out, **{**kw, f.name: rolled}))
     yield from _score_state_mutants(spec, q, k, v, grad_out, kw)
-    if _mask_free(kw) and kw.get("bias") is None and kw.get("alibi_slopes") is None:  # zero keys appended
-        for block in COMMON_BLOCKS:  # would need bias columns and would move ALiBi's alignment
+    if _mask_free(kw) and all(kw.get(n) is None for n in ("bias", "alibi_slopes", "dropout_mask")):  # zero keys
+        for block in COMMON_BLOCKS:  # appended would need bias and keep-mask columns, and move ALiBi's alignment
             if spec.len_k % block and spec.len_k > block // 2:
                 yield ("ragged_block", f"the last key block (block size {block}) is padded with zero keys "
                                        f"that enter the softmax",

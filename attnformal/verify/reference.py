@@ -40,6 +40,7 @@ GRADIENTS = ("dq", "dk", "dv")
 PARAMETER_GRADIENTS = {"dsinks": "sinks", "dbias": "bias"}  # gradient -> the keyword tensor it belongs to
 CERTIFIED_MAX_SCORES = 2**17  # larger cases use the oracle: the certified path's cost grows with B*H*Sq*Sk
 ORACLE_ERROR = 2.0**-52
+WIDE_TERMS = 2.0**40  # inputs beyond this get their term sizes in float64 (their squares overflow float32)
 
 
 @dataclass
@@ -113,11 +114,13 @@ def _lse_dtype(dtype):
 
 
 def _underflow_floor(q, k, v, grad_out, spec) -> float:
-    """A bound on the factors that multiply one underflowed term (P, or P times a score error)."""
+    """A bound on the factors that multiply one underflowed term (P, or P times a score error). Only allowed
+    pairs have terms: a masked key's score, however large, is no term of a correct kernel."""
     def top(t):
         return float(t.abs().max()) if t is not None and t.numel() else 0.0
 
-    return (1 + top(v)) * (1 + top(grad_out)) * (1 + spec.scale * top(q) * top(k))
+    scores = spec.scale * (q.abs() @ k[:, spec.kv_heads()].abs().transpose(-1, -2))
+    return (1 + top(v)) * (1 + top(grad_out)) * (1 + top(scores[spec.allowed()]))
 
 
 def _underflow_share(dtype, terms, floor) -> float:
@@ -199,8 +202,11 @@ def dropout_weights(spec: AttentionSpec):
 
 def _term_sizes(spec, q, k, v, p, out, lse, grad_out) -> tuple[dict, dict]:
     """Per element: the root-sum-square of the summed terms (each term rounded once, and its score
-    rounded once) and their abs-sum with a bound on the score errors."""
-    q, k, v, p, out, lse = (t.float() for t in (q, k, v, p, out, lse))
+    rounded once) and their abs-sum with a bound on the score errors. In float32, unless an input is so
+    large that the squares and products of its terms would overflow there (values near the dtype's range)."""
+    largest = max((float(t.abs().max()) for t in (q, k, v, grad_out) if t is not None and t.numel()), default=0.0)
+    work = torch.float64 if largest > WIDE_TERMS else torch.float32
+    q, k, v, p, out, lse = (t.to(work) for t in (q, k, v, p, out, lse))
     heads = spec.kv_heads()
     kx, vx = k[:, heads], v[:, heads]
     score_size = spec.scale * (q.abs() @ kx.abs().transpose(-1, -2))  # bounds |s_ij|, so its error
@@ -225,7 +231,7 @@ def _term_sizes(spec, q, k, v, p, out, lse, grad_out) -> tuple[dict, dict]:
     if p_sink is not None:
         abs_sum["lse"] = abs_sum["lse"] + p_sink * torch.where(torch.isfinite(sink), sink, 0.0).abs()
     if grad_out is not None:
-        do = grad_out.float()
+        do = grad_out.to(work)
         ds_terms = p * ((w * (do.abs() @ vx.abs().transpose(-1, -2))) + (do.abs() * out.abs()).sum(-1, keepdim=True))
         ds_sq, ds_abs = ds_terms * ds_terms * (1 + score_sq), ds_terms * (1 + score_size)
         rss["dq"] = spec.scale * (ds_sq @ (kx * kx)).sqrt()

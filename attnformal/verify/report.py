@@ -150,6 +150,9 @@ def _coverage(report: BatteryReport) -> str:
     missing = cov["missing_classes"] + cov["missing_features"]
     if missing:
         lines.append(f"not exercised: {', '.join(missing)}")
+    if cov.get("regimes"):
+        lines.append(f"shape regimes run: {len(cov['regimes'])} of {len(cov['regimes']) + len(cov['missing_regimes'])}"
+                     + (f" (not run: {', '.join(cov['missing_regimes'])})" if cov["missing_regimes"] else ""))
     if cov["thin"] and report.state == "complete":
         lines.append(f"WARNING: coverage is thin: {cov['run']} cases ran, {len(missing)} of the shape classes and "
                      "features above were not exercised; a PASS says little beyond them")

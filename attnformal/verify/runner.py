@@ -140,6 +140,7 @@ class CheckRun:
         self.findings: list[Finding] = []
         self.notes: list[str] = []
         self.metrics: dict = {}
+        self.refused_probes: list[str] = []  # expected-refusal probes the implementation refused
         self._built: set = set()
 
     def caps_for(self, dtype=None):
@@ -183,16 +184,29 @@ class CheckRun:
             self._built.add(key)
         return case
 
+    def as_asked(self, case: Case, sh: Shape, *, grad=True, **kwargs) -> Case | None:
+        """``case`` (built by :meth:`random_case` from ``sh`` and ``kwargs``) as asked when its lengths were
+        rounded to the implementation's multiple, else None: an expected-refusal probe (``observe(...,
+        expect_refusal=True)``) of the ragged lengths the adaptation hid."""
+        if not any(note.startswith("lengths rounded up") for note in case.adapted):
+            return None
+        return random_case(f"{case.name} as asked", sh, self.dtype, self.device, self.seed(case.name), grad=grad,
+                           **kwargs)
+
     # -- running the implementation
 
-    def observe(self, case: Case, *, lse=False, backward=False) -> Observed | None:
-        """The implementation's results, or None when it does not support the case (recorded),
-        broke the contract (recorded as a failure), or the case duplicates an adapted one."""
+    def observe(self, case: Case, *, lse=False, backward=False, expect_refusal=False) -> Observed | None:
+        """The implementation's results, or None when it does not support the case (recorded; with
+        ``expect_refusal`` only counted), broke the contract (recorded as a failure), or the case duplicates
+        an adapted one."""
         if case.duplicate:
             return None
         try:
             return call(self.impl, case, lse=lse, backward=backward, watch=self.watch)
         except Unsupported as err:
+            if expect_refusal:
+                self.refused_probes.append(case.name)
+                return None
             self.records.append(CaseRecord(case, "unsupported", lse, backward, features=err.features,
                                            message=str(err)))
         except ContractError as err:
@@ -205,10 +219,10 @@ class CheckRun:
     def expected(self, case: Case, *, backward=False) -> Expected:
         return expected_for(case, backward=backward, use_certified=self.settings.use_certified)
 
-    def against_reference(self, case: Case, *, lse=False, backward=False,
-                          expected: Expected | None = None) -> CaseRecord | None:
+    def against_reference(self, case: Case, *, lse=False, backward=False, expected: Expected | None = None,
+                          expect_refusal=False) -> CaseRecord | None:
         """Run the case and judge every tensor it returns against the reference (or ``expected``)."""
-        observed = self.observe(case, lse=lse, backward=backward)
+        observed = self.observe(case, lse=lse, backward=backward, expect_refusal=expect_refusal)
         if observed is None:
             return None
         expected = expected or self.expected(case, backward=backward)
@@ -267,6 +281,9 @@ def _conclude(settings: Settings, run: CheckRun, result: CheckResult):
     result.cases, result.unsupported_cases = len(records), len(unsupported)
     result.findings = list(dict.fromkeys(run.findings))  # the same finding from several cases, once
     result.details = list(run.notes)
+    if run.refused_probes:
+        result.details.append(f"{len(run.refused_probes)} ragged lengths hidden by the adaptation were refused, as "
+                              f"expected (judged where accepted)")
     result.metrics = {**_metrics(records), **run.metrics}
     result.reference = next((r.expected.source for r in records if r.expected is not None), "")
     result.coverage = check_coverage([case_coverage(r.case, r.status, r.features, refused.get(id(r), ()))

@@ -23,6 +23,9 @@ from attnformal.spec import AttentionSpec
 BLOCK_N = 32
 FLASH_ATTN_TRITON_BLOCK_N = 128  # the block of the first_block_nan specimen, as in flash_attn_triton.py
 FINITE_FILL = -1e4
+SENTINEL = -1e6  # the triton-ascend tutorial's mask: qk + where(mask, 0, -1e6)
+SPLIT_KV_ROWS, SPLIT_KV_BLOCKS = 16, 4  # the split_kv_dropout specimen splits Sq <= 16 over > 4 key blocks
+TAIL_BLOCK_M, TAIL_MULTIPLE = 64, 16  # the ragged_tail_rows specimen's query block and accepted multiple
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,15 @@ ZOO = [
     Specimen("sink_value", "sink_value", "the sink enters the accumulator with value 1"),
     Specimen("alibi_sign", "alibi_sign", "ALiBi adds +slope * |distance|"),
     Specimen("alibi_top_left", "alibi_alignment", "ALiBi's distance is |i - j| (top-left), not bottom-right"),
+    # issue 25: bugs of public Triton kernels the battery did not reach
+    Specimen("finite_sentinel", "finite_mask_sentinel", "masked scores get s - 1e6 instead of -inf (the triton-ascend "
+             "tutorial's fill)"),
+    Specimen("fp16_partials", "partials_overflow", "bfloat16 partial outputs stored in float16 (FlagAttention's "
+             "split-KV partials): Inf past 65504", dtype="bfloat16"),
+    Specimen("split_kv_dropout", "shape_regime", "the split-KV path (Sq <= 16, more than 4 key blocks) ignores "
+             "dropout"),
+    Specimen("ragged_tail_rows", "ragged_block", "refuses lengths that are not multiples of 16, and never writes "
+             "the query rows past the last multiple of 64 (triton-ascend tutorial)"),
 ]
 
 _RACE = torch.Generator().manual_seed(0)  # the "race" specimen's lost update: a different block each call
@@ -106,6 +118,8 @@ def attention(q, k, v, *, scale=None, causal=None, window=None, attn_mask=None, 
                                      kv_lens=kv_lens, softcap=softcap, dropout_p=dropout_p, dropout_mask=dropout_mask,
                                      chunk_size=chunk_size, prefix_lens=prefix_lens, sinks=sinks,
                                      alibi_slopes=alibi_slopes, bias=bias)
+    if bug == "ragged_tail_rows" and (q.shape[2] % TAIL_MULTIPLE or k.shape[2] % TAIL_MULTIPLE):
+        raise NotImplementedError(f"lengths must be multiples of {TAIL_MULTIPLE}")
     if bug == "strides_ignored":
         q, k, v = (t.as_strided(t.shape, torch.empty(t.shape).stride()) for t in (q, k, v))
     if bug == "strides_mixed" and k.shape == v.shape:
@@ -260,13 +274,15 @@ def _forward(spec, weights, bug, q, k, v):
         l = torch.where(torch.isfinite(m), 1.0, 0.0).to(cd)
         acc = acc + (l if bug == "sink_value" else 0.0)
     lost = _lost_update(spec, width) if bug == "race" else None
+    split_kv_dropout = bug == "split_kv_dropout" and spec.len_q <= SPLIT_KV_ROWS and width > SPLIT_KV_BLOCKS * BLOCK_N
     for start in range(0, width, block_n):
         cols = slice(start, start + block_n)
         s, ok = _scores(spec, q, k, bug, cols), allowed[..., cols]
         if bug == "mask_after_max":
             m_new = torch.maximum(m, s.amax(-1, keepdim=True))
         else:
-            s = s.masked_fill(~ok, FINITE_FILL if bug == "finite_fill" else -math.inf)
+            s = s + torch.where(ok, 0.0, SENTINEL) if bug == "finite_sentinel" else \
+                s.masked_fill(~ok, FINITE_FILL if bug == "finite_fill" else -math.inf)
             m_new = torch.maximum(m, s.amax(-1, keepdim=True))
         shift = torch.where(m_new == -math.inf, 0.0, m_new)  # exp(-inf - (-inf)) would be NaN
         if bug == "no_max_subtraction":
@@ -281,7 +297,7 @@ def _forward(spec, weights, bug, q, k, v):
         if lost is not None and lost[2] == start:
             p[lost[0], lost[1]] = 0.0
         l = (l if bug == "denominator_not_rescaled" else alpha * l) + p.sum(-1, keepdim=True)
-        pw = p if weights is None else p * weights[..., cols].to(cd)
+        pw = p if weights is None or split_kv_dropout else p * weights[..., cols].to(cd)
         acc = (acc if bug == "acc_not_rescaled" else alpha * acc) + pw @ v[:, :, cols]
         m = m_new
     has_terms = allowed.any(-1, keepdim=True)  # a key, or a finite sink, in the denominator
@@ -307,6 +323,10 @@ def _finalize(m, l, acc, bug, dtype, has_keys, sink):
     seen = has_keys if bug == "first_block_nan" else l > 0
     l_safe = torch.where(seen, l, 1.0)
     out = acc / l if bug == "nan_empty_rows" else torch.where(seen, acc / l_safe, 0.0)
+    if bug == "fp16_partials":  # the partial output kept in float16 on its way to bfloat16
+        out = out.to(torch.float16).to(out.dtype)
+    if bug == "ragged_tail_rows":  # no program for the last, partial block of query rows: never written
+        out[:, :, out.shape[2] - out.shape[2] % TAIL_BLOCK_M:] = 0.0
     lse = torch.where(seen, m + torch.log(l_safe), -math.inf).squeeze(-1)
     reported = lse
     if bug == "lse_base2":

@@ -5,13 +5,17 @@ Groups (one module each):
 * :mod:`.hand` -- cases whose exact answer is known in closed form;
 * :mod:`.accuracy` -- comparisons with the reference over shapes, masks, structured and
   extreme inputs, lse, and the error's growth with sequence length;
+* :mod:`.ranges` -- the dtype's range: masked scores far above the allowed ones, V and dO past
+  float16's range;
 * :mod:`.structure` -- properties that hold exactly whatever the tolerance: the
   probabilities themselves (V = identity), metamorphic relations, repeatability;
 * :mod:`.packed` -- packed variable-length batches (cu_seqlens), each sequence as if alone;
 * :mod:`.gradients` -- dQ, dK, dV against the reference, finite differences, invariants;
 * :mod:`.dropout` -- p = 0, replay of a given keep-mask, statistics of the kernel's own;
 * :mod:`.score_state` -- attention sinks, ALiBi and the additive bias: closed forms, the
-  reference, their gradients and relations.
+  reference, their gradients and relations;
+* :mod:`.regimes` -- the shape regimes a kernel may choose its path by (Sq 1, 2, 13, 128 against
+  Sk 1 ... thousands), under each feature.
 """
 
 from __future__ import annotations
@@ -47,4 +51,4 @@ def check(name: str, *, fixed_dtype=None, full_only=False):
 
 
 # Registration, in report order: hand-computable first, then the reference, structure, gradients, dropout.
-from attnformal.verify.checks import hand, accuracy, structure, packed, gradients, dropout, score_state  # noqa: E402,F401,I001
+from attnformal.verify.checks import hand, accuracy, ranges, structure, packed, gradients, dropout, score_state, regimes  # noqa: E402,F401,I001,E501

@@ -30,17 +30,47 @@ def random(run):
 
 @check("fwd.lengths")
 def lengths(run):
-    """Sequence lengths around block multiples (16 ... 256, +-1), Sq != Sk both ways."""
+    """Sequence lengths around block multiples (16 ... 256, +-1), Sq != Sk both ways, query lengths past one
+    and two query blocks; lengths an adaptation rounds up are also tried as asked (expected refusals)."""
     sks = [1, 15, 16, 17, 32, 63, 64, 65, 127, 128, 129, 255, 256, 257]
     sks += run.pick([], [31, 33, 95, 96, 97, 191, 192, 193, 511, 512, 513])
-    results = {}
-    for n, sk in enumerate(sks):
-        sq = (13, 40, sk)[n % 3] if sk <= 64 else (13, 40)[n % 2]
-        case = run.random_case(f"Sk={sk}", shape(2, 2, 2, sq, sk, 32), grad=False)
-        record = run.against_reference(case)
-        if record is not None:
-            results[case.spec.len_k] = record.status
-    _explain_ragged(run, results)
+    shapes = [(f"Sk={sk}", shape(2, 2, 2, (13, 40, sk)[n % 3] if sk <= 64 else (13, 40)[n % 2], sk, 32))
+              for n, sk in enumerate(sks)]
+    shapes += [(f"Sq={sq}", shape(1, 2, 2, sq, sk, 32)) for sq, sk in ((100, 77), (200, 45))]
+    results, records = {}, []
+    for name, sh in shapes:
+        case = run.random_case(name, sh, grad=False)
+        for one in (case, run.as_asked(case, sh, grad=False)):
+            record = None if one is None else run.against_reference(one, expect_refusal=one is not case)
+            if record is not None:
+                records.append(record)
+                if name.startswith("Sk="):
+                    results[one.spec.len_k] = record.status
+    if not _explain_tail_rows(run, records):
+        _explain_ragged(run, results)
+
+
+def _explain_tail_rows(run, records) -> bool:
+    """If exactly the query rows past the last multiple of some block fail (in every case, none elsewhere),
+    name that block: the rows of the last, partial query block are never written or computed."""
+    failing = [r for r in records if r.status == "FAIL" and r.comparisons and r.comparisons[0].ratio is not None]
+    if not failing or len(failing) < len([r for r in records if r.status == "FAIL"]):
+        return False
+    rows = {id(r): (r.comparisons[0].ratio > 1).any(-1).any(0).any(0) if r.status == "FAIL" else None
+            for r in records}  # [Sq]: the query rows that fail in some batch and head
+    for block in COMMON_BLOCKS:
+        def tail(n):
+            return torch.arange(n) >= n - n % block if n % block else torch.zeros(n, dtype=torch.bool)
+        if not any(r.case.spec.len_q > block for r in failing):
+            continue  # every failing case lies within one block: its rows are no tail, and no block is named
+        if all(torch.equal(rows[id(r)], tail(r.case.spec.len_q)) if r.status == "FAIL"
+               else not tail(r.case.spec.len_q).any() for r in records):
+            run.find("ragged_block", STRONG, f"exactly the query rows past the last multiple of {block} fail, in "
+                                             f"each of the {len(failing)} failing cases (query lengths "
+                                             f"{sorted({r.case.spec.len_q for r in failing})}): the last, partial "
+                                             f"query block of {block} rows is not written")
+            return True
+    return False
 
 
 def _explain_ragged(run, status_by_len):

@@ -24,9 +24,9 @@ from attnformal.verify.diagnosis import HINT, PATTERN, STRONG, name_factor
 GRADS = ("dq", "dk", "dv")
 
 
-def _backward_case(run, case):
+def _backward_case(run, case, *, expect_refusal=False):
     """Judge out and the three gradients; note when only the backward is wrong."""
-    record = run.against_reference(case, backward=True)
+    record = run.against_reference(case, backward=True, expect_refusal=expect_refusal)
     if record is not None and record.status == "FAIL" and record.comparisons[0].passed:
         bad = [c.name for c in record.comparisons[1:] if not c.passed]
         run.find("backward_wrong", HINT, f"the forward is right but {', '.join(bad)} fail")
@@ -53,10 +53,16 @@ def random(run):
 
 @check("bwd.lengths")
 def lengths(run):
-    """Ragged boundaries: lengths around block multiples, Sq != Sk, with and without causal."""
+    """Ragged boundaries: lengths around block multiples, Sq != Sk, with and without causal (lengths an
+    adaptation rounds up also tried as asked: expected refusals, judged where accepted)."""
     for sk, sq, causal in LENGTHS + run.pick([], FULL_LENGTHS):
         kw = {"causal": "bottom_right"} if causal else {}
-        _backward_case(run, run.random_case(f"Sk={sk}", shape(2, 2, 2, sq, sk, 32), **kw))
+        sh = shape(2, 2, 2, sq, sk, 32)
+        case = run.random_case(f"Sk={sk}", sh, **kw)
+        _backward_case(run, case)
+        probe = run.as_asked(case, sh, **kw)
+        if probe is not None:
+            _backward_case(run, probe, expect_refusal=True)
 
 
 # (Sk, Sq, causal) of bwd.lengths; full adds to quick's cases, never changes one

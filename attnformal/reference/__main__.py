@@ -24,7 +24,8 @@ from attnformal.distributed import EngineMissing, open_executor
 from attnformal.features import FEATURES, feature
 from attnformal.reference import cost, golden
 from attnformal.reference.certified import CertificationError
-from attnformal.reference.check import ImplementationError, loose_radius
+from attnformal.reference.check import ImplementationError
+from attnformal.reference.golden import loose_radius
 from attnformal.spec import SpecError
 
 PROG = "python -m attnformal.reference"
@@ -101,6 +102,8 @@ def _parser() -> argparse.ArgumentParser:
     chk.add_argument("--forward-only", action="store_true",
                      help="check no gradients (else a kernel without backward is INCOMPLETE, exit 3)")
     chk.add_argument("--no-lse", action="store_true", help="check no lse (else a kernel without it is INCOMPLETE)")
+    chk.add_argument("--sample-seed", type=cli.integer(minimum=0, below=2**32, what="an int in [0, 2^32)"),
+                     metavar="N", help="which groups of the file are recomputed first (default: random, printed)")
     chk.set_defaults(run=_check)
     return parser
 
@@ -191,13 +194,16 @@ def _check(args) -> int:
         raise ValueError(f"argument FILE: {args.file!r} is a folder, expected a golden file (.npz)")
     cli.check_device(args.device)
     impl = resolve(args.impl)
-    case = golden.load(args.file)
+    case = golden.load(args.file, sample_seed=args.sample_seed)
     spec = case.spec
     print(f"golden: {args.file} ({case.meta['dtype']}, B={spec.batch} Hq={spec.heads_q} Hkv={spec.heads_kv} "
           f"Sq={spec.len_q} Sk={spec.len_k} D={spec.head_dim} Dv={spec.head_dim_v}, "
           + "".join(f"{f.name}={getattr(spec, f.name)}, " for f in FEATURES
                     if not f.tensor and (f.name in SHOWN or f.active(getattr(spec, f.name))))
           + f"seed {case.meta['seed']}; reference {case.meta['reference']['tier']} tier)")
+    seed, groups = case.sample
+    print(f"file:   its reference recomputed for {groups}" if seed is None else
+          f"file:   its reference recomputed for (batch, KV head) {', '.join(map(str, groups))} (--sample-seed {seed})")
     print(f"impl:   {args.impl}")
     try:
         report = run_check(case, impl, rtol=args.rtol, atol=args.atol, device=args.device)

@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import stat
+import sys
 import tempfile
 import textwrap
 from pathlib import Path
@@ -221,18 +222,43 @@ def human_bytes(n: float | None) -> str:
         n /= 1024
 
 
+class WriteError(OSError):
+    """An output that could not be written (a full disk, a lost mount, ...): an internal error, exit
+    :data:`EXIT_CODES` ``["INTERNAL ERROR"]``, never FAIL's; the message names the file and the cause."""
+
+    def __init__(self, path, err: OSError):
+        super().__init__(err.errno, f"cannot write {str(path)!r}: {err.strerror or err}")
+
+    def __str__(self):
+        return self.strerror
+
+
 @contextlib.contextmanager
 def atomic_path(path: Path):
     """``with atomic_path(path) as tmp:`` write ``tmp``; when the block completes, ``tmp`` is renamed
-    over ``path`` (one atomic step, same folder); if it raises, ``tmp`` is removed."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    over ``path`` (one atomic step, same folder); if it raises, ``tmp`` is removed and ``path`` is left as
+    it was. An ``OSError`` on the way (``ENOSPC``...) becomes a :class:`WriteError` naming ``path``."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    except OSError as err:
+        raise WriteError(path, err) from err
     os.close(fd)
     try:
         yield Path(tmp)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 -> what open() would have given
         os.replace(tmp, path)
+    except WriteError:
+        raise
+    except OSError as err:
+        raise WriteError(path, err) from err
     finally:
         Path(tmp).unlink(missing_ok=True)
+
+
+def internal_error(err: Exception, prog: str) -> int:
+    """Print ``err`` as one line, ``error: <prog>: ... (internal error)``, and return the internal-error code."""
+    print(f"error: {prog}: {err} (internal error)", file=sys.stderr)
+    return EXIT_CODES["INTERNAL ERROR"]
 
 
 def _umask() -> int:
@@ -298,3 +324,49 @@ def _try_writing(folder: Path, option: str | None):
 
 def _refusal(option: str | None, text: str) -> ValueError:
     return ValueError(text) if option is None else UsageError(option, text)
+
+
+LOCK_NAME = ".attnformal.lock"
+
+
+class FolderBusy(UsageError):
+    """Another run holds the output folder (:func:`folder_lock`)."""
+
+
+@contextlib.contextmanager
+def folder_lock(folder: Path, option: str):
+    """``with folder_lock(folder, "--out"):`` this run alone writes in ``folder``; a second run that tries
+    gets a :class:`FolderBusy` naming ``option``, the folder and who holds it. The lock (``flock`` on
+    ``folder/.attnformal.lock``) goes with the process: a killed run never leaves a stale one."""
+    import fcntl
+
+    handle = open(Path(folder) / LOCK_NAME, "a+")
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise FolderBusy(option, f"{str(folder)!r} is in use by another run ({holder}): wait for it to end, "
+                                     "or give another folder") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}, {' '.join(sys.argv)[:200]}")
+        handle.flush()
+        yield
+    finally:
+        handle.close()  # releases the lock
+
+
+def replace_together(folder: Path, writers: dict, owned: tuple[str, ...] = ()) -> list[Path]:
+    """Write a run's files into ``folder`` so that an earlier run's are replaced only at the end: each
+    ``writers[name](path)`` writes its file under a temporary name first; when all are written they are
+    renamed over the old ones, and the files of ``owned`` this run did not write (an earlier run's plot)
+    are removed. A failure or Ctrl-C while writing leaves the earlier run's files as they were."""
+    folder = Path(folder)
+    with contextlib.ExitStack() as stack:
+        for name, write in writers.items():
+            write(stack.enter_context(atomic_path(folder / name)))
+    for name in set(owned) - set(writers):
+        (folder / name).unlink(missing_ok=True)
+    return [folder / name for name in writers]

@@ -7,7 +7,7 @@ Exit status (:data:`attnformal.cli.EXIT_CODES`): 0 written / passed, 1 check fai
 values, or the implementation raised, exited or broke the protocol), 2 bad arguments, an
 unusable file or a case that cannot be computed here, 3 INCOMPLETE (the lse or a gradient was
 never checked and neither --no-lse nor --forward-only waived it), 130 cancelled (Ctrl-C;
-nothing is written).
+nothing is written), 4 internal error (the golden file could not be written: a full disk...).
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("\ncancelled: nothing was written", file=sys.stderr)
         return 130
+    except cli.WriteError as err:  # a full disk: the previous file, if any, is left as it was
+        return cli.internal_error(err, PROG)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -25,7 +25,7 @@ from attnformal.scale.analysis import TOLERANCE, analyse, analyse_ratio
 from attnformal.scale.fit import OVERHEAD_FACTOR
 from attnformal.scale.measure import Device
 from attnformal.scale.problem import SWEEP_PARAMS, Problem, parse_mask, parse_sweep
-from attnformal.scale.report import prepare_out, ratio_table, series_table, to_json, write_csv, write_json
+from attnformal.scale.report import OUTPUTS, prepare_out, ratio_table, series_table, to_json, write_csv, write_json
 from attnformal.scale.sweep import Settings, load_candidate, run_sweep
 from attnformal.spec import SUPPORTED_DTYPES
 
@@ -89,10 +89,16 @@ def main(argv=None) -> int:
             config = configure(args)
         except ValueError as err:
             parser.error(str(err))
-        return run(argv, args, *config)
+        try:
+            with cli.folder_lock(args.out, "--out"):
+                return run(argv, args, *config)
+        except cli.FolderBusy as err:
+            parser.error(str(err))
     except KeyboardInterrupt:
-        print(f"\ncancelled: nothing was written to {args.out}", file=sys.stderr)
+        print(f"\ncancelled: {args.out} keeps what it held before this run", file=sys.stderr)
         return 130
+    except cli.WriteError as err:
+        return cli.internal_error(err, PROG)
     finally:
         torch.set_num_threads(threads)  # a caller in the same process (a test session) keeps its own
 
@@ -113,14 +119,13 @@ def run(argv, args, candidates, masks, base, sweep, settings) -> int:
             analyse_ratio(run, args.tolerance, args.seed)
             print(ratio_table(run, sweep.param) + "\n")
     meta = _metadata(argv, args, base, sweep.param, settings)
-    write_json(args.out / "sweep.json", to_json(runs, meta))
-    write_csv(args.out / "sweep.csv", runs, sweep.param, settings)
-    written = [args.out / "sweep.json", args.out / "sweep.csv"]
+    writers = {"sweep.json": lambda path: write_json(path, to_json(runs, meta)),
+               "sweep.csv": lambda path: write_csv(path, runs, sweep.param, settings)}
     if any(series.measured() for run in runs for series in run.series):
         from attnformal.scale.plot import plot_sweep  # matplotlib only when there is something to draw
 
-        plot_sweep(args.out / "sweep.png", runs, sweep.param, meta["title"], args.overhead_factor)
-        written.append(args.out / "sweep.png")
+        writers["sweep.png"] = lambda path: plot_sweep(path, runs, sweep.param, meta["title"], args.overhead_factor)
+    written = cli.replace_together(args.out, writers, OUTPUTS)
     print(f"wrote {', '.join(map(str, written))}")
     for series in unmeasured:
         reasons = sorted({p.failure for p in series.points})

@@ -64,7 +64,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=cli.integer(minimum=1), metavar="N",
                    help="run on a local Dask cluster of N processes")
     p.add_argument("--cluster", metavar="ADDRESS", help="run on the Dask scheduler at ADDRESS")
-    p.add_argument("--json", type=Path, metavar="FILE", help="results as JSON (rewritten after each check)")
+    p.add_argument("--json", type=Path, metavar="FILE", help="results as JSON (written when the run ends)")
     p.add_argument("--junit", type=Path, metavar="FILE", help="results as JUnit XML")
     p.add_argument("--html", type=Path, metavar="FILE", help="one HTML page: tables, error maps, replays")
     p.add_argument("--save-baseline", type=Path, metavar="FILE", help="store this run as a baseline")
@@ -143,7 +143,12 @@ def main(argv=None) -> int:
         baseline = load_baseline(args.baseline) if args.baseline else None
     except (ValueError, EngineMissing) as err:
         p.error(str(err))
-    with _sigterm_as_interrupt():
+    with _sigterm_as_interrupt(), contextlib.ExitStack() as held:
+        try:
+            if not args.replay:  # one run at a time writes in the implementation's folder
+                held.enter_context(cli.folder_lock(settings.repro_dir, "--repro-dir"))
+        except cli.FolderBusy as err:
+            p.error(str(err))
         try:
             executor = _executor(p, settings)
             try:
@@ -155,6 +160,8 @@ def main(argv=None) -> int:
         except KeyboardInterrupt:  # while a cluster starts, or during a replay; a battery run reports what finished
             print("interrupted", file=sys.stderr)
             return EXIT_CODES["INTERRUPTED"]
+        except cli.WriteError as err:
+            return cli.internal_error(err, PROG)
 
 
 def _executor(p: argparse.ArgumentParser, settings: Settings):
@@ -178,8 +185,7 @@ def _replay(settings: Settings, executor, path: Path) -> int:
 
 def _run(args, settings: Settings, executor, baseline) -> int:
     moved = start_folder(settings.repro_dir)
-    write = ResultsStream([path for path in (args.json, settings.repro_dir / RESULTS) if path is not None],
-                          reporting.to_json)
+    write = ResultsStream([settings.repro_dir / RESULTS], reporting.to_json)
     report = run_battery(settings, progress=reporting.ProgressBar(), on_result=write, executor=executor)
     plural = "s" if moved > 1 else ""
     previous = f"the previous run's {moved} file{plural} moved to {settings.repro_dir / PREVIOUS}/" if moved else None
@@ -191,14 +197,27 @@ def _run(args, settings: Settings, executor, baseline) -> int:
         if diff.regressions:
             code = EXIT_CODES["FAIL"]
     write(report)
+    print(f"results: {settings.repro_dir / RESULTS}")
+    _write_outputs(args, report, previous)
+    return code
+
+
+def _write_outputs(args, report, previous):
+    """--json, --junit, --html, --save-baseline: replaced only by a run that finished; an interrupted one
+    leaves them as the run before wrote them (its own results are in results.json)."""
+    named = [path for path in (args.json, args.junit, args.html, args.save_baseline) if path is not None]
+    if report.state != "complete":
+        if named:
+            print(f"interrupted: {', '.join(map(str, named))} kept as the previous run wrote them", file=sys.stderr)
+        return
+    if args.json:
+        ResultsStream([args.json], reporting.to_json)(report)
     if args.junit:
         cli.write_atomic(args.junit, reporting.to_junit(report))
     if args.html:
         cli.write_atomic(args.html, html.verify_report(report, previous))
-    if args.save_baseline and report.state == "complete":
+    if args.save_baseline:
         save_baseline(report, args.save_baseline)
-    print(f"results: {settings.repro_dir / RESULTS}")
-    return code
 
 
 if __name__ == "__main__":

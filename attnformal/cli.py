@@ -227,7 +227,8 @@ class WriteError(OSError):
     :data:`EXIT_CODES` ``["INTERNAL ERROR"]``, never FAIL's; the message names the file and the cause."""
 
     def __init__(self, path, err: OSError):
-        super().__init__(err.errno, f"cannot write {str(path)!r}: {err.strerror or err}")
+        self.path, self.reason = Path(path), getattr(err, "reason", None) or err.strerror or str(err)
+        super().__init__(err.errno, f"cannot write {str(path)!r}: {self.reason}")
 
     def __str__(self):
         return self.strerror
@@ -366,7 +367,11 @@ def replace_together(folder: Path, writers: dict, owned: tuple[str, ...] = ()) -
     folder = Path(folder)
     with contextlib.ExitStack() as stack:
         for name, write in writers.items():
-            write(stack.enter_context(atomic_path(folder / name)))
+            partial = stack.enter_context(atomic_path(folder / name))
+            try:
+                write(partial)
+            except WriteError as err:  # a writer's own temporary file: name the output instead
+                raise WriteError(folder / name, err) from err
     for name in set(owned) - set(writers):
         (folder / name).unlink(missing_ok=True)
     return [folder / name for name in writers]

@@ -29,7 +29,7 @@ from attnformal.verify.options import check_campaign, parse_dtypes, parse_featur
 from attnformal.verify.outputs import PREVIOUS, RESULTS, ResultsStream, start_folder
 from attnformal.verify.replay import describe_replay, load_reproducer
 from attnformal.verify.runner import Settings
-from attnformal.verify.tolerances import PROFILES
+from attnformal.verify import PROFILES
 
 PROG = "python -m attnformal.verify"
 DEFAULT_DTYPES = "float32 bfloat16"

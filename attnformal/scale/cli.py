@@ -23,6 +23,7 @@ from attnformal.kernels.torch_tiled import DEFAULT_SCHEDULE
 from attnformal.schedule import TileSchedule
 from attnformal.scale.analysis import TOLERANCE, analyse, analyse_ratio
 from attnformal.scale.fit import OVERHEAD_FACTOR
+from attnformal.scale.limits import check_sweep
 from attnformal.scale.measure import Device
 from attnformal.scale.problem import SWEEP_PARAMS, Problem, parse_mask, parse_sweep
 from attnformal.scale.report import OUTPUTS, prepare_out, ratio_table, series_table, to_json, write_csv, write_json
@@ -87,6 +88,7 @@ def main(argv=None) -> int:
     try:
         try:
             config = configure(args)
+            check_sweep(*config)  # before the first point: a sweep that cannot fit is refused now
         except ValueError as err:
             parser.error(str(err))
         try:

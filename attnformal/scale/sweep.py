@@ -139,7 +139,7 @@ def measure_point(fns: list[Callable], problem: Problem, x: int, settings: Setti
     device = settings.device
     work = predict_work(problem.spec(), settings.schedule, backward=settings.backward)
     q, k, v, grad_out = problem.inputs(device.torch_device(), settings.dtype, settings.seed, settings.backward)
-    calls = [_call(fn, problem, q, k, v, grad_out, settings.backward) for fn in fns]
+    calls = [timed_call(fn, problem, q, k, v, grad_out, settings.backward) for fn in fns]
     results = [PointResult(x, problem, work) for _ in fns]
     estimates = {}
     for i, call in enumerate(calls):
@@ -168,7 +168,7 @@ def _floor_series(candidate: Candidate, trivial: Problem, settings: Settings, ti
     """A series whose floor is the candidate's cost on a 1-token problem of the same family."""
     device = settings.device
     q, k, v, grad_out = trivial.inputs(device.torch_device(), settings.dtype, settings.seed, settings.backward)
-    call = _call(candidate.fn, trivial, q, k, v, grad_out, settings.backward)
+    call = timed_call(candidate.fn, trivial, q, k, v, grad_out, settings.backward)
     series = Series(candidate, trivial.mask)
     if _warm_up(call, 3, device)[1] is not None:
         return series  # unsupported family: every point will say so
@@ -178,7 +178,8 @@ def _floor_series(candidate: Candidate, trivial: Problem, settings: Settings, ti
     return series
 
 
-def _call(fn, problem: Problem, q, k, v, grad_out, backward: bool):
+def timed_call(fn, problem: Problem, q, k, v, grad_out, backward: bool):
+    """The call of ``fn`` on these inputs that a point times: forward, or forward and backward."""
     kwargs = problem.kwargs()
     if not backward:
         return lambda: fn(q, k, v, **kwargs)

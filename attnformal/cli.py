@@ -30,14 +30,18 @@ from pathlib import Path
 DOCS = "docs/references-and-scale.md"
 
 
+# Names a --dtype option takes, to torch's names: parsing them needs no torch (DTYPES gives the dtypes).
+DTYPE_NAMES = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32", "float64": "float64",
+               "fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "fp64": "float64"}
+
+
 def __getattr__(name):
     """``DTYPES`` (names to torch dtypes), built on first use: `prove` uses this module without torch."""
     if name != "DTYPES":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import torch
 
-    return {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
-            "fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
+    return {short: getattr(torch, long) for short, long in DTYPE_NAMES.items()}
 
 
 # Every command's exit status by verdict: the same words and codes everywhere; an internal error (a defect,

@@ -19,14 +19,14 @@ import time
 from pathlib import Path
 
 from attnformal import cli
-from attnformal.adapters import ALIASES, resolve
+from attnformal.aliases import NAMES as ALIASES
 from attnformal.distributed import EngineMissing, open_executor
 from attnformal.features import FEATURES, feature
-from attnformal.reference import cost, golden
-from attnformal.reference.certified import CertificationError
-from attnformal.reference.check import ImplementationError
-from attnformal.reference.golden import loose_radius
+from attnformal.reference import cost
 from attnformal.spec import SpecError
+
+# golden files, the certified reference and torch are imported after the arguments are parsed: a usage
+# error is printed before torch is imported.
 
 PROG = "python -m attnformal.reference"
 ESTIMATE_SHOWN_ABOVE_S = 2.0
@@ -43,6 +43,9 @@ class Refused(Exception):
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
+    from attnformal.reference import golden
+    from attnformal.reference.certified import CertificationError
+
     try:
         return args.run(args)
     except (SpecError, golden.GoldenError, CertificationError, Refused, ValueError, EngineMissing) as err:
@@ -68,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--shape", required=True, action=cli.IntList, count=(6, 7), minimum=1,
                      form="B,Hq,Hkv,Sq,Sk,D[,Dv] (6 or 7 sizes >= 1)", metavar="B,Hq,Hkv,Sq,Sk,D[,Dv]",
                      help="sizes, each >= 1 (Dv defaults to D)")
-    gen.add_argument("--dtype", required=True, choices=cli.DTYPES, metavar="DTYPE",
+    gen.add_argument("--dtype", required=True, choices=cli.DTYPE_NAMES, metavar="DTYPE",
                      help="bf16, fp16, fp32, fp64 (or the long names)")
     gen.add_argument("--seed", required=True, type=cli.integer(minimum=0, below=2**64, what="an int in [0, 2^64)"),
                      help="seed of every random draw (an int >= 0)")
@@ -111,6 +114,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _generate(args) -> int:
+    from attnformal.reference import golden
+
     dtype = cli.DTYPES[args.dtype]
     shape = tuple(args.shape) if len(args.shape) == 7 else (*args.shape, args.shape[5])
     out = cli.output_file(args.out, "--out")
@@ -148,6 +153,8 @@ def _generate(args) -> int:
 
 def _check_space(shape, dtype, out, args):
     """Refuse, before any work, a case whose golden file alone exceeds the memory or the disk."""
+    from attnformal.reference import golden
+
     need = golden.file_bytes(shape, dtype, attn_mask=args.attn_mask_density is not None,
                              dropout=args.dropout_p > 0)
     memory = cost.available_memory()
@@ -180,6 +187,8 @@ def _check_estimate(estimate: cost.Estimate, dtype, args):
 
 def _check_radii(result, dtype, args):
     """Refuse a reference whose radii are too loose to judge a kernel of ``dtype``."""
+    from attnformal.reference.golden import loose_radius
+
     problem = loose_radius({name: (getattr(result, name), getattr(result, f"{name}_radius"))
                             for name in result.fields()}, dtype)
     if problem is not None:
@@ -190,7 +199,9 @@ def _check_radii(result, dtype, args):
 
 
 def _check(args) -> int:
-    from attnformal.reference.check import format_report, run_check
+    from attnformal.adapters import resolve
+    from attnformal.reference import golden
+    from attnformal.reference.check import ImplementationError, format_report, run_check
 
     if Path(args.file).is_dir():
         raise ValueError(f"argument FILE: {args.file!r} is a folder, expected a golden file (.npz)")

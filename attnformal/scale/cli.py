@@ -16,19 +16,14 @@ import shlex
 import sys
 from pathlib import Path
 
-import torch
-
 from attnformal import cli
-from attnformal.kernels.torch_tiled import DEFAULT_SCHEDULE
-from attnformal.schedule import TileSchedule
-from attnformal.scale.analysis import TOLERANCE, analyse, analyse_ratio
-from attnformal.scale.fit import OVERHEAD_FACTOR
-from attnformal.scale.limits import check_sweep
-from attnformal.scale.measure import Device
+from attnformal.schedule import DEFAULT_SCHEDULE, TileSchedule
+from attnformal.scale.fit import OVERHEAD_FACTOR, TOLERANCE
 from attnformal.scale.problem import SWEEP_PARAMS, Problem, parse_mask, parse_sweep
-from attnformal.scale.report import OUTPUTS, prepare_out, ratio_table, series_table, to_json, write_csv, write_json
-from attnformal.scale.sweep import Settings, load_candidate, run_sweep
 from attnformal.spec import SUPPORTED_DTYPES
+
+# torch, the measurements and the analysis are imported after the arguments are parsed: a usage error is
+# printed before torch is imported.
 
 PROG = "python -m attnformal.scale"
 DEFAULT_SWEEP = "N=512..8192"  # ~1-2 minutes for the torch kernel on one CPU core
@@ -84,6 +79,10 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    import torch
+
+    from attnformal.scale.limits import check_sweep
+
     threads = torch.get_num_threads()
     try:
         try:
@@ -108,6 +107,10 @@ def main(argv=None) -> int:
 def run(argv, args, candidates, masks, base, sweep, settings) -> int:
     """Measure, print the tables, write JSON, CSV and PNG; 1 if a time fit was refused or a
     series measured nothing."""
+    from attnformal.scale.analysis import analyse, analyse_ratio
+    from attnformal.scale.report import OUTPUTS, ratio_table, series_table, to_json, write_csv, write_json
+    from attnformal.scale.sweep import run_sweep
+
     runs = run_sweep(candidates, masks, base, sweep, settings)
     refused, unmeasured = False, []
     for run in runs:
@@ -138,6 +141,12 @@ def run(argv, args, candidates, masks, base, sweep, settings) -> int:
 
 def configure(args):
     """Validate the arguments (``ValueError`` naming the argument) and build the sweep."""
+    import torch
+
+    from attnformal.scale.measure import Device
+    from attnformal.scale.report import prepare_out
+    from attnformal.scale.sweep import Settings, load_candidate
+
     heads_kv = args.heads if args.heads_kv is None else args.heads_kv
     if args.heads % heads_kv:
         raise ValueError(f"argument '--heads-kv': expected a divisor of --heads={args.heads}, got {heads_kv}")
@@ -171,7 +180,9 @@ def configure(args):
     return candidates, masks, base, sweep, settings
 
 
-def _metadata(argv, args, base: Problem, param: str, settings: Settings) -> dict:
+def _metadata(argv, args, base: Problem, param: str, settings) -> dict:
+    import torch
+
     device = settings.device
     hardware = platform.processor() or platform.machine()
     if device.backend is not None:

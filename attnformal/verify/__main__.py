@@ -15,21 +15,13 @@ import sys
 from pathlib import Path
 
 from attnformal import cli
-from attnformal.adapters import ALIASES, resolve
-from attnformal.distributed import EngineMissing
-from attnformal.pictures import html
-from attnformal.verify import report as reporting
-from attnformal.verify.baseline import compare_baseline, load_baseline, save_baseline
 from attnformal.cli import EXIT_CODES
-from attnformal.verify.battery import make_executor, run_battery
-from attnformal.verify.calls import FEATURES
-from attnformal.verify.checks import CHECKS
-from attnformal.verify.execute import Task
-from attnformal.verify.options import check_campaign, parse_dtypes, parse_features, parse_patterns
-from attnformal.verify.outputs import PREVIOUS, RESULTS, ResultsStream, start_folder
-from attnformal.verify.replay import describe_replay, load_reproducer
-from attnformal.verify.runner import Settings
+from attnformal.distributed import EngineMissing
 from attnformal.verify import PROFILES
+from attnformal.verify.outputs import PREVIOUS, RESULTS, ResultsStream, start_folder
+
+# The battery (and torch) are imported by the functions that use them, after the arguments are parsed: a
+# usage error is printed before torch is imported.
 
 PROG = "python -m attnformal.verify"
 DEFAULT_DTYPES = "float32 bfloat16"
@@ -83,6 +75,10 @@ def parser() -> argparse.ArgumentParser:
 def settings_from(args) -> Settings:
     """Settings from parsed arguments; a ValueError names the option that is wrong, and
     :class:`EngineMissing` says how to install the engine --workers and --cluster need."""
+    from attnformal.adapters import ALIASES, resolve
+    from attnformal.verify.options import check_campaign, parse_dtypes, parse_features, parse_patterns
+    from attnformal.verify.runner import Settings
+
     dtypes = parse_dtypes(args.dtypes or DEFAULT_DTYPES)
     require = parse_features(args.require)
     only = parse_patterns(args.only, args.profile)
@@ -106,6 +102,10 @@ def settings_from(args) -> Settings:
 
 
 def _list_checks() -> str:
+    from attnformal.adapters import ALIASES
+    from attnformal.verify.calls import FEATURES
+    from attnformal.verify.checks import CHECKS
+
     lines = [f"{c.name:32s} {c.doc}" + (" [full only]" if c.full_only else "") for c in CHECKS]
     return "\n".join(lines + ["", "features (for --require): " + ", ".join(FEATURES),
                               "aliases (for --impl): " + ", ".join(ALIASES)])
@@ -136,6 +136,9 @@ def main(argv=None) -> int:
         return 0
     if not args.impl:
         p.error("argument --impl is required")
+    from attnformal.verify.baseline import load_baseline
+    from attnformal.verify.replay import load_reproducer
+
     try:
         settings = settings_from(args)
         if args.replay:
@@ -166,6 +169,8 @@ def main(argv=None) -> int:
 
 def _executor(p: argparse.ArgumentParser, settings: Settings):
     """The executor of the run; a cluster that cannot be had is a usage error."""
+    from attnformal.verify.battery import make_executor
+
     if settings.workers:
         print(f"attnformal.verify: starting a local Dask cluster of {settings.workers} worker processes",
               file=sys.stderr, flush=True)
@@ -178,12 +183,19 @@ def _executor(p: argparse.ArgumentParser, settings: Settings):
 
 
 def _replay(settings: Settings, executor, path: Path) -> int:
+    from attnformal.verify.execute import Task
+    from attnformal.verify.replay import describe_replay
+
     _, result = next(executor.map([Task("replay", str(path))]))
     print(describe_replay(path, result))
     return 1 if result.failed else EXIT_CODES["NOTHING VERIFIED"] if result.status == "unsupported" else 0
 
 
 def _run(args, settings: Settings, executor, baseline) -> int:
+    from attnformal.verify import report as reporting
+    from attnformal.verify.baseline import compare_baseline
+    from attnformal.verify.battery import run_battery
+
     moved = start_folder(settings.repro_dir)
     write = ResultsStream([settings.repro_dir / RESULTS], reporting.to_json)
     report = run_battery(settings, progress=reporting.ProgressBar(), on_result=write, executor=executor)
@@ -205,6 +217,10 @@ def _run(args, settings: Settings, executor, baseline) -> int:
 def _write_outputs(args, report, previous):
     """--json, --junit, --html, --save-baseline: replaced only by a run that finished; an interrupted one
     leaves them as the run before wrote them (its own results are in results.json)."""
+    from attnformal.pictures import html
+    from attnformal.verify import report as reporting
+    from attnformal.verify.baseline import save_baseline
+
     named = [path for path in (args.json, args.junit, args.html, args.save_baseline) if path is not None]
     if report.state != "complete":
         if named:

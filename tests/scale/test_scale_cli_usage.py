@@ -73,7 +73,7 @@ def test_ctrl_c_ends_the_sweep_with_one_line_and_keeps_the_earlier_run(tmp_path,
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
-    monkeypatch.setattr("attnformal.scale.cli.run_sweep", interrupted)
+    monkeypatch.setattr("attnformal.scale.sweep.run_sweep", interrupted)
     assert main(["--impl", "sdpa", *TINY, "--out", str(tmp_path)]) == 130
     assert capsys.readouterr().err == f"\ncancelled: {tmp_path} keeps what it held before this run\n"
     assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".")] == ["sweep.json"]

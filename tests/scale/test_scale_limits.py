@@ -20,7 +20,7 @@ def nothing_runs(monkeypatch):
     """Any point measured, or any input allocated, fails the test: a refusal must come before the work."""
     def forbidden(*args, **kwargs):
         raise AssertionError("work started before the refusal")
-    monkeypatch.setattr("attnformal.scale.cli.run_sweep", forbidden)
+    monkeypatch.setattr("attnformal.scale.sweep.run_sweep", forbidden)
     monkeypatch.setattr("attnformal.scale.problem.Problem.inputs", forbidden)
 
 

@@ -110,13 +110,15 @@ def test_an_interrupted_verify_keeps_the_previous_json_and_junit(capsys, tmp_pat
     json_file, junit = tmp_path / "r.json", tmp_path / "r.xml"
     json_file.write_text("the previous run's json")
     junit.write_text("the previous run's junit")
-    run_battery = verify_cli.run_battery
+    from attnformal.verify import battery
+
+    run_battery = battery.run_battery
 
     def interrupted(*args, **kwargs):
         report = run_battery(*args, **kwargs)
         report.state = "interrupted"  # what a Ctrl-C after the first check leaves
         return report
-    monkeypatch.setattr(verify_cli, "run_battery", interrupted)
+    monkeypatch.setattr(battery, "run_battery", interrupted)
     code = verify_cli.main([*QUICK, "--repro-dir", str(tmp_path), "--json", str(json_file), "--junit", str(junit)])
     assert code == EXIT_CODES["INTERRUPTED"]
     assert f"interrupted: {json_file}, {junit} kept as the previous run wrote them" in capsys.readouterr().err

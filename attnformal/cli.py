@@ -260,7 +260,7 @@ def atomic_path(path: Path):
         Path(tmp).unlink(missing_ok=True)
 
 
-def internal_error(err: Exception, prog: str) -> int:
+def write_failed(err: Exception, prog: str) -> int:
     """Print ``err`` as one line, ``error: <prog>: ... (internal error)``, and return the internal-error code."""
     print(f"error: {prog}: {err} (internal error)", file=sys.stderr)
     return EXIT_CODES["INTERNAL ERROR"]

@@ -55,7 +55,7 @@ def main(argv=None) -> int:
         print("\ncancelled: nothing was written", file=sys.stderr)
         return 130
     except cli.WriteError as err:  # a full disk: the previous file, if any, is left as it was
-        return cli.internal_error(err, PROG)
+        return cli.write_failed(err, PROG)
 
 
 def _parser() -> argparse.ArgumentParser:

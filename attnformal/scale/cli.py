@@ -99,7 +99,7 @@ def main(argv=None) -> int:
         print(f"\ncancelled: {args.out} keeps what it held before this run", file=sys.stderr)
         return 130
     except cli.WriteError as err:
-        return cli.internal_error(err, PROG)
+        return cli.write_failed(err, PROG)
     finally:
         torch.set_num_threads(threads)  # a caller in the same process (a test session) keeps its own
 

@@ -164,7 +164,7 @@ def main(argv=None) -> int:
             print("interrupted", file=sys.stderr)
             return EXIT_CODES["INTERRUPTED"]
         except cli.WriteError as err:
-            return cli.internal_error(err, PROG)
+            return cli.write_failed(err, PROG)
 
 
 def _executor(p: argparse.ArgumentParser, settings: Settings):

@@ -2,8 +2,9 @@
 
 Exit status: 0 when every implementation got a time exponent under every mask family;
 1 when some fit was refused (too few points, or overhead-dominated) or some
-implementation refused every point of a family (nothing measured); 2 for bad arguments;
-130 when cancelled (Ctrl-C).
+implementation refused every point of a family (nothing measured); 2 for bad arguments (a sweep whose
+point cannot fit in memory, an --out another run holds); 4 when an output cannot be written;
+130 when cancelled (Ctrl-C: the earlier run's files stay).
 Results go to ``--out``, by default ``out/scale/<impl>`` (``out/scale/<impl>-vs-<vs>``).
 """
 

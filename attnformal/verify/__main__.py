@@ -3,7 +3,8 @@
 Exit status: 0 PASS; 1 FAIL (a check failed, crashed or hung, a required feature is refused,
 or a regression against --baseline); 2 usage error; 3 NOTHING VERIFIED or INCOMPLETE (too
 little was verified to judge -- the verdict says what the implementation refused);
-130 interrupted (Ctrl-C or SIGTERM: the checks that finished are reported and kept).
+4 internal error (an output could not be written: a full disk); 130 interrupted (Ctrl-C or SIGTERM: the
+checks that finished are reported and kept in results.json; --json, --junit, --html stay as they were).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ import warnings
 
 import torch
 
+from attnformal.aliases import FUNCTIONS
 from attnformal.features import mask_features, refuse_unsupported
 from attnformal.spec import AttentionSpec
 
@@ -431,24 +432,7 @@ def _npu_mask(spec: AttentionSpec, device):
     return 1, INT_MAX, INT_MAX, npu_atten_mask(spec.allowed(device))
 
 
-ALIASES = {
-    "sdpa": sdpa,
-    "sdpa-math": sdpa_math,
-    "sdpa-flash": sdpa_flash,
-    "sdpa-efficient": sdpa_efficient,
-    "sdpa-cudnn": sdpa_cudnn,
-    "flex": flex_eager,
-    "flex-compiled": flex_compiled,
-    "torch-tiled": torch_tiled,
-    "torch-tiled-small": torch_tiled_small,
-    "torch-tiled-split": torch_tiled_split,
-    "ring": ring,
-    "triton-flash": triton_flash,
-    "flash-attn": flash_attn,
-    "flash-attn-varlen": flash_attn_varlen,
-    "xformers": xformers,
-    "npu": npu_fusion_attention,
-}
+ALIASES = {alias: globals()[function] for alias, function in FUNCTIONS.items()}  # named in attnformal.aliases
 
 
 # The optional package each adapter needs: without it the alias is a usage error, not a run

@@ -30,14 +30,18 @@ from pathlib import Path
 DOCS = "docs/references-and-scale.md"
 
 
+# Names a --dtype option takes, to torch's names: parsing them needs no torch (DTYPES gives the dtypes).
+DTYPE_NAMES = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32", "float64": "float64",
+               "fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "fp64": "float64"}
+
+
 def __getattr__(name):
     """``DTYPES`` (names to torch dtypes), built on first use: `prove` uses this module without torch."""
     if name != "DTYPES":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import torch
 
-    return {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
-            "fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
+    return {short: getattr(torch, long) for short, long in DTYPE_NAMES.items()}
 
 
 # Every command's exit status by verdict: the same words and codes everywhere; an internal error (a defect,
@@ -234,18 +238,44 @@ def human_bytes(n: float | None) -> str:
         n /= 1024
 
 
+class WriteError(OSError):
+    """An output that could not be written (a full disk, a lost mount, ...): an internal error, exit
+    :data:`EXIT_CODES` ``["INTERNAL ERROR"]``, never FAIL's; the message names the file and the cause."""
+
+    def __init__(self, path, err: OSError):
+        self.path, self.reason = Path(path), getattr(err, "reason", None) or err.strerror or str(err)
+        super().__init__(err.errno, f"cannot write {str(path)!r}: {self.reason}")
+
+    def __str__(self):
+        return self.strerror
+
+
 @contextlib.contextmanager
 def atomic_path(path: Path):
     """``with atomic_path(path) as tmp:`` write ``tmp``; when the block completes, ``tmp`` is renamed
-    over ``path`` (one atomic step, same folder); if it raises, ``tmp`` is removed."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    over ``path`` (one atomic step, same folder); if it raises, ``tmp`` is removed and ``path`` is left as
+    it was. An ``OSError`` on the way (``ENOSPC``...) becomes a :class:`WriteError` naming ``path``."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    except OSError as err:
+        raise WriteError(path, err) from err
     os.close(fd)
     try:
         yield Path(tmp)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 -> what open() would have given
         os.replace(tmp, path)
+    except WriteError:
+        raise
+    except OSError as err:
+        raise WriteError(path, err) from err
     finally:
         Path(tmp).unlink(missing_ok=True)
+
+
+def write_failed(err: Exception, prog: str) -> int:
+    """Print ``err`` as one line, ``error: <prog>: ... (internal error)``, and return the internal-error code."""
+    print(f"error: {prog}: {err} (internal error)", file=sys.stderr)
+    return EXIT_CODES["INTERNAL ERROR"]
 
 
 def _umask() -> int:
@@ -311,3 +341,53 @@ def _try_writing(folder: Path, option: str | None):
 
 def _refusal(option: str | None, text: str) -> ValueError:
     return ValueError(text) if option is None else UsageError(option, text)
+
+
+LOCK_NAME = ".attnformal.lock"
+
+
+class FolderBusy(UsageError):
+    """Another run holds the output folder (:func:`folder_lock`)."""
+
+
+@contextlib.contextmanager
+def folder_lock(folder: Path, option: str):
+    """``with folder_lock(folder, "--out"):`` this run alone writes in ``folder``; a second run that tries
+    gets a :class:`FolderBusy` naming ``option``, the folder and who holds it. The lock (``flock`` on
+    ``folder/.attnformal.lock``) goes with the process: a killed run never leaves a stale one."""
+    import fcntl
+
+    handle = open(Path(folder) / LOCK_NAME, "a+")
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise FolderBusy(option, f"{str(folder)!r} is in use by another run ({holder}): wait for it to end, "
+                                     "or give another folder") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}, {' '.join(sys.argv)[:200]}")
+        handle.flush()
+        yield
+    finally:
+        handle.close()  # releases the lock
+
+
+def replace_together(folder: Path, writers: dict, owned: tuple[str, ...] = ()) -> list[Path]:
+    """Write a run's files into ``folder`` so that an earlier run's are replaced only at the end: each
+    ``writers[name](path)`` writes its file under a temporary name first; when all are written they are
+    renamed over the old ones, and the files of ``owned`` this run did not write (an earlier run's plot)
+    are removed. A failure or Ctrl-C while writing leaves the earlier run's files as they were."""
+    folder = Path(folder)
+    with contextlib.ExitStack() as stack:
+        for name, write in writers.items():
+            partial = stack.enter_context(atomic_path(folder / name))
+            try:
+                write(partial)
+            except WriteError as err:  # a writer's own temporary file: name the output instead
+                raise WriteError(folder / name, err) from err
+    for name in set(owned) - set(writers):
+        (folder / name).unlink(missing_ok=True)
+    return [folder / name for name in writers]

@@ -122,3 +122,8 @@ class TileSchedule:
         bn = torch.arange(ops.cdiv(spec.len_k, self.block_n), device=device)[None, None, :]
         classes = self.tile_class(bm, bn, spec.geometry(b))
         return torch.as_tensor(classes, device=device).expand(spec.batch, bm.shape[1], bn.shape[2])
+
+
+# The torch-tiled kernel's tiles (attnformal.kernels.torch_tiled launches with them), which scale predicts from
+# by default: named here, where the command line reads them without importing torch.
+DEFAULT_SCHEDULE = TileSchedule(block_m=128, block_n=128)

@@ -16,7 +16,7 @@ import torch
 
 from attnformal.masks import may_attend
 from attnformal.merge import block_state, empty_state, finalize
-from attnformal.schedule import FULL, TileSchedule
+from attnformal.schedule import DEFAULT_SCHEDULE, FULL, TileSchedule
 from attnformal.spec import AttentionSpec
 from attnformal.tile import sink_grads, tile_grads_and_dbias, tile_scores
 from attnformal.kernels import protocol_entry
@@ -25,7 +25,6 @@ from attnformal.kernels.split_kv import fold_row
 # The protocol features this kernel computes; any other active one is refused.
 SUPPORTS = frozenset({"causal", "window", "chunk_size", "kv_lens", "prefix_lens", "attn_mask", "softcap",
                       "alibi_slopes", "bias", "sinks", "dropout_p", "dropout_mask", "cu_seqlens_q", "cu_seqlens_k"})
-DEFAULT_SCHEDULE = TileSchedule(block_m=128, block_n=128)
 
 
 @protocol_entry(SUPPORTS)

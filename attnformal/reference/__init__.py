@@ -6,7 +6,16 @@
 * :mod:`~attnformal.reference.golden` -- golden files (``python -m attnformal.reference``).
 """
 
-from attnformal.reference.certified import CertificationError, CertifiedResult, certified_attention
-from attnformal.reference.mp import MpResult, mp_attention
+import importlib
+
+_HOMES = {"CertificationError": "certified", "CertifiedResult": "certified", "certified_attention": "certified",
+          "MpResult": "mp", "mp_attention": "mp"}
 
 __all__ = ["CertificationError", "CertifiedResult", "MpResult", "certified_attention", "mp_attention"]
+
+
+def __getattr__(name):
+    """The references, imported on first use: ``python -m attnformal.reference`` parses its options first."""
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)

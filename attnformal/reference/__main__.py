@@ -7,8 +7,8 @@ Exit status (:data:`attnformal.cli.EXIT_CODES`): 0 written / passed, 1 check fai
 values, or the implementation raised, exited, crashed, hung or broke the protocol), 2 bad
 arguments, an unusable file or a case that cannot be computed here, 3 INCOMPLETE (the lse or a
 gradient was never checked and neither --no-lse nor --forward-only waived it) or NOTHING
-VERIFIED (the implementation refuses the case), 4 an internal error, 130 cancelled (Ctrl-C;
-nothing is written). A user's file or module runs in a worker process
+VERIFIED (the implementation refuses the case), 4 an internal error (the golden file could not be written: a full
+disk...), 130 cancelled (Ctrl-C; nothing is written). A user's file or module runs in a worker process
 (:mod:`attnformal.execution`), each call bounded by --case-timeout.
 """
 
@@ -22,14 +22,15 @@ import time
 from pathlib import Path
 
 from attnformal import cli
-from attnformal.adapters import ALIASES, resolve
+from attnformal.aliases import NAMES as ALIASES
 from attnformal.distributed import EngineMissing, open_executor
 from attnformal.features import FEATURES, feature
-from attnformal.reference import cost, golden
-from attnformal.reference.certified import CertificationError
 from attnformal.execution import Worker, isolated_by_default
-from attnformal.reference.check import loose_radius
+from attnformal.reference import cost
 from attnformal.spec import SpecError
+
+# golden files, the certified reference and torch are imported after the arguments are parsed: a usage
+# error is printed before torch is imported.
 
 PROG = "python -m attnformal.reference"
 ESTIMATE_SHOWN_ABOVE_S = 2.0
@@ -46,6 +47,9 @@ class Refused(Exception):
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
+    from attnformal.reference import golden
+    from attnformal.reference.certified import CertificationError
+
     try:
         return args.run(args)
     except (SpecError, golden.GoldenError, CertificationError, Refused, ValueError, EngineMissing) as err:
@@ -54,6 +58,8 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("\ncancelled: nothing was written", file=sys.stderr)
         return 130
+    except cli.WriteError as err:  # a full disk: the previous file, if any, is left as it was
+        return cli.write_failed(err, PROG)
     except Exception as err:  # a defect of attnformal, not of the arguments nor of the kernel: never FAIL's code
         return cli.internal_error(err)
 
@@ -71,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--shape", required=True, action=cli.IntList, count=(6, 7), minimum=1,
                      form="B,Hq,Hkv,Sq,Sk,D[,Dv] (6 or 7 sizes >= 1)", metavar="B,Hq,Hkv,Sq,Sk,D[,Dv]",
                      help="sizes, each >= 1 (Dv defaults to D)")
-    gen.add_argument("--dtype", required=True, choices=cli.DTYPES, metavar="DTYPE",
+    gen.add_argument("--dtype", required=True, choices=cli.DTYPE_NAMES, metavar="DTYPE",
                      help="bf16, fp16, fp32, fp64 (or the long names)")
     gen.add_argument("--seed", required=True, type=cli.integer(minimum=0, below=2**64, what="an int in [0, 2^64)"),
                      help="seed of every random draw (an int >= 0)")
@@ -112,11 +118,15 @@ def _parser() -> argparse.ArgumentParser:
                           "(default for MODULE:FUNC and FILE.py:FUNC)")
     chk.add_argument("--case-timeout", type=cli.seconds, default=300.0, metavar="S",
                      help="isolated: seconds one call may take before it is a FAIL (%(default)g)")
+    chk.add_argument("--sample-seed", type=cli.integer(minimum=0, below=2**32, what="an int in [0, 2^32)"),
+                     metavar="N", help="which groups of the file are recomputed first (default: random, printed)")
     chk.set_defaults(run=_check)
     return parser
 
 
 def _generate(args) -> int:
+    from attnformal.reference import golden
+
     dtype = cli.DTYPES[args.dtype]
     shape = tuple(args.shape) if len(args.shape) == 7 else (*args.shape, args.shape[5])
     out = cli.output_file(args.out, "--out")
@@ -154,6 +164,8 @@ def _generate(args) -> int:
 
 def _check_space(shape, dtype, out, args):
     """Refuse, before any work, a case whose golden file alone exceeds the memory or the disk."""
+    from attnformal.reference import golden
+
     need = golden.file_bytes(shape, dtype, attn_mask=args.attn_mask_density is not None,
                              dropout=args.dropout_p > 0)
     memory = cost.available_memory()
@@ -186,6 +198,8 @@ def _check_estimate(estimate: cost.Estimate, dtype, args):
 
 def _check_radii(result, dtype, args):
     """Refuse a reference whose radii are too loose to judge a kernel of ``dtype``."""
+    from attnformal.reference.golden import loose_radius
+
     problem = loose_radius({name: (getattr(result, name), getattr(result, f"{name}_radius"))
                             for name in result.fields()}, dtype)
     if problem is not None:
@@ -196,19 +210,24 @@ def _check_radii(result, dtype, args):
 
 
 def _check(args) -> int:
+    from attnformal.adapters import resolve
+    from attnformal.reference import golden
     from attnformal.reference.check import format_report
 
     if Path(args.file).is_dir():
         raise ValueError(f"argument FILE: {args.file!r} is a folder, expected a golden file (.npz)")
     cli.check_device(args.device)
     impl = resolve(args.impl)
-    case = golden.load(args.file)
+    case = golden.load(args.file, sample_seed=args.sample_seed)
     spec = case.spec
     print(f"golden: {args.file} ({case.meta['dtype']}, B={spec.batch} Hq={spec.heads_q} Hkv={spec.heads_kv} "
           f"Sq={spec.len_q} Sk={spec.len_k} D={spec.head_dim} Dv={spec.head_dim_v}, "
           + "".join(f"{f.name}={getattr(spec, f.name)}, " for f in FEATURES
                     if not f.tensor and (f.name in SHOWN or f.active(getattr(spec, f.name))))
           + f"seed {case.meta['seed']}; reference {case.meta['reference']['tier']} tier)")
+    seed, groups = case.sample
+    print(f"file:   its reference recomputed for {groups}" if seed is None else
+          f"file:   its reference recomputed for (batch, KV head) {', '.join(map(str, groups))} (--sample-seed {seed})")
     print(f"impl:   {args.impl}")
     kind, found = _checked(case, impl, args)
     if kind == "unsupported":  # as verify says of a kernel that refuses every case

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from attnformal.execution import Exited, guarded
-from attnformal.reference.golden import Golden
+from attnformal.reference.golden import Golden, allowance, index_text
 from attnformal.testing import check_term, tolerance_for
 
 @dataclass(frozen=True)
@@ -187,35 +187,6 @@ def compare(name: str, value: torch.Tensor, ref: torch.Tensor, radius: torch.Ten
                         rtol=rtol, atol=atol)
 
 
-def allowance(ref: torch.Tensor, rtol: float, atol: float) -> torch.Tensor:
-    """What a check allows beyond the golden radius: ``rtol |ref| + atol max|ref|`` (finite parts)."""
-    finite = torch.where(torch.isfinite(ref), ref, 0.0).abs()
-    return rtol * finite + atol * (float(finite.max()) if ref.numel() else 0.0)
-
-
-def loose_radius(reference: dict, dtype: torch.dtype) -> str | None:
-    """Where the golden radii are too loose to judge a ``dtype`` kernel, or None.
-
-    ``reference`` maps a name to ``(value, radius)``. A radius above the check's default
-    allowance for ``dtype`` would more than double what the check lets a kernel get wrong.
-    """
-    rtol, atol = tolerance_for(dtype)
-    worst = None  # (ratio, name, flat index, value, radius)
-    for name, (ref, radius) in reference.items():
-        ratio = torch.where(radius == 0, 0.0, radius / allowance(ref, rtol, atol)).flatten()
-        if ratio.numel() and float(ratio.max()) > max(1.0, worst[0] if worst else 0.0):
-            worst = (float(ratio.max()), name, int(torch.argmax(ratio)), ref, radius)
-    if worst is None:
-        return None
-    ratio, name, at, ref, radius = worst
-    index = tuple(int(i) for i in np.unravel_index(at, tuple(ref.shape)))
-    times = f"{ratio:.3g}x what the check allows there" if math.isfinite(ratio) else \
-        f"above what the check allows there, nothing (every midpoint of {name} is 0)"
-    return (f"the radii are too loose to judge a {str(dtype).removeprefix('torch.')} kernel: {name}'s radius "
-            f"{float(radius.flatten()[at]):.3g} at {_index(index)} (value {float(ref.flatten()[at]):.6g}) is "
-            f"{times} (rtol={rtol:g}, atol={atol:g} x max|ref|)")
-
-
 def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Spacing of ``dtype`` at ``|x|`` (subnormal spacing below the smallest normal)."""
     info = torch.finfo(dtype)
@@ -239,7 +210,7 @@ def format_report(report: CheckReport, verdict: str | None = None) -> str:
     lines = [head]
     for t in report.tensors:
         lines.append(f"{t.name:6} {str(t.dtype).removeprefix('torch.'):9} {t.max_error:10.3e} {t.max_ulps:9.3g} "
-                     f"{_index(t.max_error_at):16} {t.worst_ratio:8.3g} {_index(t.worst_ratio_at):16} "
+                     f"{index_text(t.max_error_at):16} {t.worst_ratio:8.3g} {index_text(t.worst_ratio_at):16} "
                      f"{f'{t.failing}/{t.total}':>14}")
     for name, why in report.skipped:
         lines.append(f"{name:6} skipped: {why}")
@@ -255,7 +226,3 @@ def format_report(report: CheckReport, verdict: str | None = None) -> str:
     else:
         lines.append(verdict)
     return "\n".join(lines)
-
-
-def _index(at: tuple) -> str:
-    return "[" + ",".join(map(str, at)) + "]"

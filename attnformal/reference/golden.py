@@ -25,6 +25,8 @@ import hashlib
 import json
 import math
 import os
+import random
+import secrets
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,14 +37,18 @@ import torch
 from attnformal import __version__
 from attnformal.cli import atomic_path, output_file
 from attnformal.features import FEATURES
+from attnformal.reference import fp64_balls
 from attnformal.reference.certified import FIELDS, PARAMETER_FIELDS, CertifiedResult, certified_attention
 from attnformal.spec import AttentionSpec, SpecError
+from attnformal.testing import tolerance_for
 
 FORMAT, VERSION = "attnformal-golden", 1
 BITS = {"float16": np.uint16, "bfloat16": np.uint16, "float32": np.uint32, "float64": np.uint64}
 _SIGNED = {np.uint16: torch.int16, np.uint32: torch.int32, np.uint64: torch.int64}
 INPUTS = ("q", "k", "v", "grad_out")
 RADIUS_MEANING = "|exact - value| <= radius for every element, exact = the spec evaluated on the exact input bits"
+SAMPLED_GROUPS = 2  # (batch, KV head) groups a load recomputes: 2 / (B Hkv) of generate's work
+RADIUS_SLACK = 16  # a stored radius may be this many times the recomputed one (tiling, the ball sum of dk, dv)
 
 
 class GoldenError(ValueError):
@@ -61,6 +67,7 @@ class Golden:
     spec: AttentionSpec
     inputs: dict  # q, k, v, grad_out in their dtype
     reference: dict  # name -> (value, radius), float64
+    sample: tuple = (None, ())  # (seed, the (batch, KV head) groups recomputed), see load()
 
     @property
     def dtype(self) -> torch.dtype:
@@ -182,17 +189,57 @@ def _describe(a: np.ndarray) -> dict:
             "sha256": hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()}
 
 
+# ---------------------------------------------------------------- radii
+
+
+def allowance(ref: torch.Tensor, rtol: float, atol: float) -> torch.Tensor:
+    """What a check allows beyond the golden radius: ``rtol |ref| + atol max|ref|`` (finite parts)."""
+    finite = torch.where(torch.isfinite(ref), ref, 0.0).abs()
+    return rtol * finite + atol * (float(finite.max()) if ref.numel() else 0.0)
+
+
+def loose_radius(reference: dict, dtype: torch.dtype) -> str | None:
+    """Where the golden radii are too loose to judge a ``dtype`` kernel, or None.
+
+    ``reference`` maps a name to ``(value, radius)``. A radius above the check's default
+    allowance for ``dtype`` would more than double what the check lets a kernel get wrong.
+    """
+    rtol, atol = tolerance_for(dtype)
+    worst = None  # (ratio, name, flat index, value, radius)
+    for name, (ref, radius) in reference.items():
+        ratio = torch.where(radius == 0, 0.0, radius / allowance(ref, rtol, atol)).flatten()
+        if ratio.numel() and float(ratio.max()) > max(1.0, worst[0] if worst else 0.0):
+            worst = (float(ratio.max()), name, int(torch.argmax(ratio)), ref, radius)
+    if worst is None:
+        return None
+    ratio, name, at, ref, radius = worst
+    index = tuple(int(i) for i in np.unravel_index(at, tuple(ref.shape)))
+    times = f"{ratio:.3g}x what the check allows there" if math.isfinite(ratio) else \
+        f"above what the check allows there, nothing (every midpoint of {name} is 0)"
+    return (f"the radii are too loose to judge a {str(dtype).removeprefix('torch.')} kernel: {name}'s radius "
+            f"{float(radius.flatten()[at]):.3g} at {index_text(index)} (value {float(ref.flatten()[at]):.6g}) is "
+            f"{times} (rtol={rtol:g}, atol={atol:g} x max|ref|)")
+
+
+def index_text(at: tuple) -> str:
+    return "[" + ",".join(map(str, at)) + "]"
+
+
 # ---------------------------------------------------------------- loading
 
 
-def load(path, *, verify: bool = True) -> Golden:
+def load(path, *, verify: bool = True, sample_seed: int | None = None) -> Golden:
     """Read and validate a golden file; any problem raises one :class:`GoldenError`.
 
     Validation: format and version, every listed array present with its shape, dtype and
     SHA-256, inputs that form a valid case whose spec equals the stored one, reference
-    shapes and radii; with ``verify`` also a recomputation of out, lse and dQ for two
-    (batch, head) pairs, whose certified balls must overlap the stored ones (this catches a
-    reference that does not belong to the stored spec and inputs).
+    shapes, and radii no looser than ``generate`` accepts for the dtype (:func:`loose_radius`,
+    the one rule both use). With ``verify`` also a recomputation of :data:`SAMPLED_GROUPS`
+    (batch, KV head) groups drawn with ``sample_seed`` (random when None; the seed is kept in
+    ``Golden.sample``): out, lse, dq of their query heads and their dk, dv, whose certified balls
+    must overlap the stored ones, which may be at most :data:`RADIUS_SLACK` times wider. The
+    SHA-256s only catch accidents (anyone can recompute them); this catches a reference that
+    does not belong to the stored spec and inputs, edited values or inflated radii, where sampled.
     """
     path = Path(path)
     if not path.is_file():
@@ -211,9 +258,16 @@ def load(path, *, verify: bool = True) -> Golden:
     reference = {name: (torch.from_numpy(arrays[name]), torch.from_numpy(arrays[f"{name}_radius"]))
                  for name in (*FIELDS, *PARAMETER_FIELDS) if name in arrays}
     _check_reference(path, spec, reference)
+    loose = loose_radius(reference, getattr(torch, meta["dtype"]))
+    if loose is not None:
+        raise GoldenError(path, f"{loose}; generate refuses such radii (the file was edited or not written by it)")
+    sample = (None, ())
     if verify:
-        _verify_sample(path, spec, inputs, reference)
-    return Golden(path=path, meta=meta, spec=spec, inputs=inputs, reference=reference)
+        seed = secrets.randbelow(2**32) if sample_seed is None else sample_seed
+        groups = _verify_packed(path, spec, inputs, reference) if spec.packed else \
+            _verify_sample(path, spec, inputs, reference, seed)
+        sample = (None if spec.packed else seed, groups)
+    return Golden(path=path, meta=meta, spec=spec, inputs=inputs, reference=reference, sample=sample)
 
 
 def _read_meta(path, archive) -> dict:
@@ -306,45 +360,72 @@ def _check_reference(path, spec: AttentionSpec, reference: dict) -> None:
             raise GoldenError(path, f"reference {name!r} holds a non-finite value or an invalid radius")
 
 
-def _verify_sample(path, spec: AttentionSpec, inputs: dict, reference: dict) -> None:
-    if spec.packed:
-        return _verify_packed(path, spec, inputs, reference)
+def _verify_sample(path, spec: AttentionSpec, inputs: dict, reference: dict, seed: int) -> tuple:
+    """Recompute the (batch, KV head) groups :func:`sampled_groups` draws with ``seed``: out, lse, dq of each
+    query head of the group, and dk, dv (the sum over those heads, a ball sum); each stored ball must overlap
+    the fresh one and be no wider than :data:`RADIUS_SLACK` times it. Returns the groups."""
     heads = spec.kv_heads()
-    for b, h in sorted({(0, 0), (spec.batch - 1, spec.heads_q - 1)}):
-        if b < 0 or h < 0:
-            continue
-        g = int(heads[h])
-        kwargs = protocol_kwargs(spec)
-        full = (spec.batch, spec.heads_q, spec.len_q, spec.len_k)
-        for f in FEATURES:  # batch element b and query head h on their own
-            if f.name in kwargs:  # the active ones
-                kwargs[f.name] = f.one_element(kwargs[f.name], b, h, full)
-        x = {name: inputs[name][b:b + 1, hh:hh + 1]
-             for name, hh in (("q", h), ("k", g), ("v", g), ("grad_out", h))}
-        fresh = certified_attention(x["q"], x["k"], x["v"], x["grad_out"], **kwargs)
-        for name in ("out", "lse", "dq"):
-            stored, radius = (t[b:b + 1, h:h + 1] for t in reference[name])
-            value, fresh_radius = getattr(fresh, name), getattr(fresh, f"{name}_radius")
-            i = _first_apart(stored, radius, value, fresh_radius)
-            if i is not None:
-                raise GoldenError(path, f"the stored {name} does not match the stored spec and inputs at "
-                                        f"batch {b}, head {h}, index {i[2:]}: stored {float(stored[i]):.17g} "
-                                        f"+- {float(radius[i]):.3g}, recomputed {float(value[i]):.17g} "
-                                        f"+- {float(fresh_radius[i]):.3g}")
+    groups = sampled_groups(spec, seed)
+    full = (spec.batch, spec.heads_q, spec.len_q, spec.len_k)
+    for b, g in groups:
+        summed = {}
+        for h in (int(h) for h in (heads == g).nonzero().flatten()):
+            kwargs = protocol_kwargs(spec)
+            for f in FEATURES:  # batch element b and query head h on their own
+                if f.name in kwargs:  # the active ones
+                    kwargs[f.name] = f.one_element(kwargs[f.name], b, h, full)
+            x = {name: inputs[name][b:b + 1, hh:hh + 1]
+                 for name, hh in (("q", h), ("k", g), ("v", g), ("grad_out", h))}
+            fresh = certified_attention(x["q"], x["k"], x["v"], x["grad_out"], **kwargs)
+            for name in ("out", "lse", "dq"):
+                _compare_ball(path, name, f"batch {b}, head {h}", (t[b:b + 1, h:h + 1] for t in reference[name]),
+                              (getattr(fresh, name), getattr(fresh, f"{name}_radius")))
+            for name in ("dk", "dv"):  # this query head's share of the group's gradient
+                ball = fp64_balls.Ball(getattr(fresh, name), getattr(fresh, f"{name}_radius"))
+                summed[name] = ball if name not in summed else fp64_balls.add(summed[name], ball)
+        for name, ball in summed.items():
+            _compare_ball(path, name, f"batch {b}, KV head {g}", (t[b:b + 1, g:g + 1] for t in reference[name]),
+                          ball)
+    return groups
 
 
-def _verify_packed(path, spec: AttentionSpec, inputs: dict, reference: dict) -> None:
+def sampled_groups(spec: AttentionSpec, seed: int) -> list[tuple[int, int]]:
+    """The (batch, KV head) groups a check recomputes: :data:`SAMPLED_GROUPS` of them (or all there are),
+    drawn with ``seed``, so a file edited anywhere may be caught, and the same seed draws the same groups."""
+    count = spec.batch * spec.heads_kv
+    chosen = random.Random(seed).sample(range(count), min(SAMPLED_GROUPS, count))
+    return sorted(divmod(n, spec.heads_kv) for n in chosen)
+
+
+def _compare_ball(path, name: str, where: str, stored, fresh) -> None:
+    """A :class:`GoldenError` unless every stored ball overlaps the fresh one and is no wider than
+    :data:`RADIUS_SLACK` times it. ``where``: the sampled group (``batch b, head h``: the tensors are its
+    ``[1, 1, ...]`` slices), or ``packed`` (whole tensors)."""
+    stored_value, stored_radius = stored
+    value, fresh_radius = fresh
+
+    def at(i):
+        return f"packed index {i}" if where == "packed" else f"{where}, index {i[2:]}"
+    i = _first_apart(stored_value, stored_radius, value, fresh_radius)
+    if i is not None:
+        raise GoldenError(path, f"the stored {name} does not match the stored spec and inputs at {at(i)}: "
+                                f"stored {float(stored_value[i]):.17g} +- {float(stored_radius[i]):.3g}, recomputed {float(value[i]):.17g} +- {float(fresh_radius[i]):.3g}")
+    wide = stored_radius > RADIUS_SLACK * fresh_radius + torch.finfo(torch.float64).tiny
+    if bool(wide.any()):
+        i = tuple(int(n) for n in wide.nonzero()[0])
+        raise GoldenError(path, f"the stored {name}'s radius at {at(i)} is "
+                                f"{float(stored_radius[i]):.3g}, over {RADIUS_SLACK}x the recomputed "
+                                f"{float(fresh_radius[i]):.3g} (radii inflated: the file was edited)")
+
+
+def _verify_packed(path, spec: AttentionSpec, inputs: dict, reference: dict) -> str:
     """A packed file: the whole batch recomputed (sequences are independent problems; a sample of one
     would need its own slicing of every input), and every stored ball must overlap the fresh one (d sinks,
     the sum over every sequence, too)."""
     fresh = certified_attention(inputs["q"], inputs["k"], inputs["v"], inputs["grad_out"], **protocol_kwargs(spec))
     for name in ("out", "lse", "dq", *(["dsinks"] if "dsinks" in reference else [])):
-        stored, radius = reference[name]
-        value, fresh_radius = getattr(fresh, name), getattr(fresh, f"{name}_radius")
-        i = _first_apart(stored, radius, value, fresh_radius)
-        if i is not None:
-            raise GoldenError(path, f"the stored {name} does not match the stored spec and inputs at packed "
-                                    f"index {i}: stored {float(stored[i]):.17g}, recomputed {float(value[i]):.17g}")
+        _compare_ball(path, name, "packed", reference[name], (getattr(fresh, name), getattr(fresh, f"{name}_radius")))
+    return "every sequence"
 
 
 def _first_apart(stored, radius, value, fresh_radius) -> tuple[int, ...] | None:

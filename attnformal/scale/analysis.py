@@ -18,13 +18,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from attnformal.scale.fit import (OVERHEAD_FACTOR, ExponentFit, FitRefused, fit_exponent, flag_overhead,
+from attnformal.scale.fit import (OVERHEAD_FACTOR, TOLERANCE, ExponentFit, FitRefused, fit_exponent, flag_overhead,
                                   least_squares, local_exponents)
 from attnformal.scale.problem import Problem
 from attnformal.scale.sweep import MaskRun, Series
 from attnformal.scale.work import MODELS
 
-TOLERANCE = 0.15  # exponent difference still called consistent, beyond the fit's own 95 % interval
 MEMORY_MODELS = {
     "state": "outputs, lse and (with backward) gradients: what the spec makes live",
     "scores": "one Sq x Sk buffer per (batch, head): what a dense kernel materialises",

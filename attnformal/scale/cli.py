@@ -3,10 +3,11 @@
 Exit status (:data:`attnformal.cli.EXIT_CODES`): 0 when every implementation got a time exponent
 under every mask family; 1 (FAIL) when some fit was refused (too few points, or overhead-dominated),
 a series measured nothing because its calls failed, or an implementation exited, crashed or hung
-(nothing is written then); 2 for bad arguments; 3 (NOTHING VERIFIED) when the only trouble is a
-series whose every point the implementation refused (``NotImplementedError``); 4 for an internal
-error; 130 when cancelled (Ctrl-C). A user's file or module is swept in a worker process
-(:mod:`attnformal.execution`), each call bounded by ``--case-timeout``.
+(nothing is written then); 2 for bad arguments (a sweep whose point cannot fit in memory, an --out
+another run holds); 3 (NOTHING VERIFIED) when the only trouble is a series whose every point the
+implementation refused (``NotImplementedError``); 4 for an internal error or an output that cannot be
+written; 130 when cancelled (Ctrl-C: the earlier run's files stay). A user's file or module is swept in
+a worker process (:mod:`attnformal.execution`), each call bounded by ``--case-timeout``.
 Results go to ``--out``, by default ``out/scale/<impl>`` (``out/scale/<impl>-vs-<vs>``).
 """
 
@@ -20,19 +21,15 @@ import shlex
 import sys
 from pathlib import Path
 
-import torch
-
 from attnformal import cli
 from attnformal.execution import Exited, Worker, isolated_by_default
-from attnformal.kernels.torch_tiled import DEFAULT_SCHEDULE
-from attnformal.schedule import TileSchedule
-from attnformal.scale.analysis import TOLERANCE, analyse, analyse_ratio
-from attnformal.scale.fit import OVERHEAD_FACTOR
-from attnformal.scale.measure import Device
+from attnformal.schedule import DEFAULT_SCHEDULE, TileSchedule
+from attnformal.scale.fit import OVERHEAD_FACTOR, TOLERANCE
 from attnformal.scale.problem import SWEEP_PARAMS, Problem, parse_mask, parse_sweep
-from attnformal.scale.report import prepare_out, ratio_table, series_table, to_json, write_csv, write_json
-from attnformal.scale.sweep import UNSUPPORTED, Settings, Watch, load_candidate, run_sweep, sweep_in_worker
 from attnformal.spec import SUPPORTED_DTYPES
+
+# torch, the measurements and the analysis are imported after the arguments are parsed: a usage error is
+# printed before torch is imported.
 
 PROG = "python -m attnformal.scale"
 DEFAULT_SWEEP = "N=512..8192"  # ~1-2 minutes for the torch kernel on one CPU core
@@ -92,16 +89,29 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    import torch
+
+    from attnformal.scale.limits import check_sweep
+
     threads = torch.get_num_threads()
     try:
         try:
             config = configure(args)
+            # before the first point: a sweep that cannot fit is refused now (sampled only in this process's
+            # own implementations: a user's runs in the worker alone)
+            check_sweep(*config, sample=not _isolated(args, config[0]))
         except ValueError as err:
             parser.error(str(err))
-        return run(argv, args, *config)
+        try:
+            with cli.folder_lock(args.out, "--out"):
+                return run(argv, args, *config)
+        except cli.FolderBusy as err:
+            parser.error(str(err))
     except KeyboardInterrupt:
-        print(f"\ncancelled: nothing was written to {args.out}", file=sys.stderr)
+        print(f"\ncancelled: {args.out} keeps what it held before this run", file=sys.stderr)
         return 130
+    except cli.WriteError as err:
+        return cli.write_failed(err, PROG)
     except Exception as err:  # a defect of attnformal, not of the arguments nor of the kernel: never FAIL's code
         return cli.internal_error(err)
     finally:
@@ -110,6 +120,9 @@ def main(argv=None) -> int:
 
 def run(argv, args, candidates, masks, base, sweep, settings) -> int:
     """Measure, print the tables, write JSON, CSV and PNG; the exit code of :func:`_verdict`."""
+    from attnformal.scale.analysis import analyse, analyse_ratio
+    from attnformal.scale.report import OUTPUTS, ratio_table, series_table, to_json, write_csv, write_json
+
     runs = _measured(args, candidates, masks, base, sweep, settings)
     if isinstance(runs, str):  # the implementation exited, crashed or hung: no result to write
         print(f"FAIL: {runs}")
@@ -126,14 +139,13 @@ def run(argv, args, candidates, masks, base, sweep, settings) -> int:
             analyse_ratio(run, args.tolerance, args.seed)
             print(ratio_table(run, sweep.param) + "\n")
     meta = _metadata(argv, args, base, sweep.param, settings)
-    write_json(args.out / "sweep.json", to_json(runs, meta))
-    write_csv(args.out / "sweep.csv", runs, sweep.param, settings)
-    written = [args.out / "sweep.json", args.out / "sweep.csv"]
+    writers = {"sweep.json": lambda path: write_json(path, to_json(runs, meta)),
+               "sweep.csv": lambda path: write_csv(path, runs, sweep.param, settings)}
     if any(series.measured() for run in runs for series in run.series):
         from attnformal.scale.plot import plot_sweep  # matplotlib only when there is something to draw
 
-        plot_sweep(args.out / "sweep.png", runs, sweep.param, meta["title"], args.overhead_factor)
-        written.append(args.out / "sweep.png")
+        writers["sweep.png"] = lambda path: plot_sweep(path, runs, sweep.param, meta["title"], args.overhead_factor)
+    written = cli.replace_together(args.out, writers, OUTPUTS)
     print(f"wrote {', '.join(map(str, written))}")
     for series in unmeasured:
         reasons = sorted({p.failure for p in series.points})
@@ -145,16 +157,25 @@ def run(argv, args, candidates, masks, base, sweep, settings) -> int:
 def _verdict(refused: bool, unmeasured) -> str:
     """FAIL for a refused fit or a point that failed; NOTHING VERIFIED when the only trouble is a series
     whose every point the implementation refused (NotImplementedError); else PASS."""
+    from attnformal.scale.sweep import UNSUPPORTED
+
     failed = any(not (p.failure or "").startswith(UNSUPPORTED) for series in unmeasured for p in series.points)
     return "FAIL" if refused or failed else "NOTHING VERIFIED" if unmeasured else "PASS"
+
+
+def _isolated(args, candidates) -> bool:
+    """Whether the sweep runs in a worker process: ``--isolate``, or by default for a user's file or module."""
+    return any(isolated_by_default(c.label) for c in candidates) if args.isolate is None else args.isolate
 
 
 def _measured(args, candidates, masks, base, sweep, settings):
     """The sweep's runs, or the FAIL message of an implementation that exited, crashed or hung. In a
     worker process when isolated (the default for a user's file or module: a crash there is its FAIL)."""
-    targets = [c.label for c in candidates]
-    isolate = any(map(isolated_by_default, targets)) if args.isolate is None else args.isolate
-    if not isolate:
+    import torch
+
+    from attnformal.scale.sweep import Watch, run_sweep, sweep_in_worker
+
+    if not _isolated(args, candidates):
         watch = Watch()
         try:
             return run_sweep(candidates, masks, base, sweep, settings, watch=watch)
@@ -163,7 +184,7 @@ def _measured(args, candidates, masks, base, sweep, settings):
     worker = Worker(sweep_in_worker, pickle.dumps(torch.get_num_threads()), timeout=args.case_timeout,
                     option="--case-timeout", name="attnformal-scale")
     try:
-        outcome = worker.run((targets, masks, base, sweep, settings))
+        outcome = worker.run(([c.label for c in candidates], masks, base, sweep, settings))
     finally:
         worker.close()
     if outcome.lost is not None:
@@ -175,6 +196,12 @@ def _measured(args, candidates, masks, base, sweep, settings):
 
 def configure(args):
     """Validate the arguments (``ValueError`` naming the argument) and build the sweep."""
+    import torch
+
+    from attnformal.scale.measure import Device
+    from attnformal.scale.report import prepare_out
+    from attnformal.scale.sweep import Settings, load_candidate
+
     heads_kv = args.heads if args.heads_kv is None else args.heads_kv
     if args.heads % heads_kv:
         raise ValueError(f"argument '--heads-kv': expected a divisor of --heads={args.heads}, got {heads_kv}")
@@ -208,7 +235,9 @@ def configure(args):
     return candidates, masks, base, sweep, settings
 
 
-def _metadata(argv, args, base: Problem, param: str, settings: Settings) -> dict:
+def _metadata(argv, args, base: Problem, param: str, settings) -> dict:
+    import torch
+
     device = settings.device
     hardware = platform.processor() or platform.machine()
     if device.backend is not None:

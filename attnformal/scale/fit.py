@@ -24,6 +24,7 @@ import numpy as np
 
 MIN_POINTS = 4
 OVERHEAD_FACTOR = 10.0
+TOLERANCE = 0.15  # exponent difference still called consistent, beyond the fit's own 95 % interval
 MIN_SPAN = 2.0
 STABILITY_TOL = 0.25
 BOOTSTRAP_DRAWS = 1000

@@ -10,8 +10,6 @@ import math
 import re
 from dataclasses import dataclass, replace
 
-import torch
-
 from attnformal.spec import AttentionSpec
 
 SWEEP_PARAMS = {
@@ -134,12 +132,16 @@ class Problem:
 
     def spec(self) -> AttentionSpec:
         """The spec the implementation will see (built from meta tensors: no data)."""
+        import torch  # here, not at import: the command line parses --sweep without torch
+
         q = torch.empty(self.batch, self.heads, self.seq, self.head_dim, device="meta")
         kv = torch.empty(self.batch, self.heads_kv, self.seq, self.head_dim, device="meta")
         return AttentionSpec.from_inputs(q, kv, kv, **self.kwargs())
 
     def inputs(self, device, dtype, seed: int, requires_grad: bool):
         """Seeded q, k, v and a gradient for the output, on ``device``."""
+        import torch
+
         gen = torch.Generator().manual_seed(seed)
         shapes = [(self.batch, h, self.seq, self.head_dim) for h in (self.heads, self.heads_kv, self.heads_kv, self.heads)]
         q, k, v, grad_out = (torch.randn(s, generator=gen).to(device=device, dtype=dtype) for s in shapes)

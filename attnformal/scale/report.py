@@ -1,8 +1,10 @@
 """The sweep as a table, a JSON record and a CSV file, and the folder they are written to.
 
-The folder (``out/scale/<impl>`` by default) is checked and cleared of an earlier run's
-:data:`OUTPUTS` before the first point is measured, so an output never outlives the run that
-wrote it; each file is written whole or not at all (:func:`attnformal.cli.atomic_path`).
+The folder (``out/scale/<impl>`` by default) is checked before the first point is measured and
+locked for the run (:func:`attnformal.cli.folder_lock`: a second run into it is refused). An
+earlier run's :data:`OUTPUTS` stay until this run's are all written; then they are replaced
+together and the ones this run did not write are removed (:func:`attnformal.cli.replace_together`),
+so a Ctrl-C or a full disk keeps the earlier run's files and an output never outlives the run that wrote it.
 """
 
 from __future__ import annotations
@@ -24,14 +26,8 @@ OUTPUTS = ("sweep.json", "sweep.csv", "sweep.png")
 
 
 def prepare_out(folder: Path):
-    """Create ``folder`` (``ValueError`` naming ``--out`` if it cannot be written) and remove an
-    earlier run's outputs from it."""
+    """Create ``folder``, or ``ValueError`` naming ``--out`` if it cannot be written."""
     output_folder(folder, "--out")
-    old = [folder / name for name in OUTPUTS if (folder / name).is_file()]
-    for path in old:
-        path.unlink()
-    if old:
-        print(f"{folder}: removed {', '.join(p.name for p in old)} of an earlier run", file=sys.stderr)
 
 
 def _ms(seconds: float) -> str:

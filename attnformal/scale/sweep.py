@@ -167,7 +167,7 @@ def measure_point(fns: list[Callable], problem: Problem, x: int, settings: Setti
     labels = labels or [getattr(fn, "__name__", "the implementation") for fn in fns]
     work = predict_work(problem.spec(), settings.schedule, backward=settings.backward)
     q, k, v, grad_out = problem.inputs(device.torch_device(), settings.dtype, settings.seed, settings.backward)
-    calls = [_call(fn, problem, q, k, v, grad_out, settings.backward) for fn in fns]
+    calls = [timed_call(fn, problem, q, k, v, grad_out, settings.backward) for fn in fns]
     results = [PointResult(x, problem, work) for _ in fns]
     estimates = {}
     for i, call in enumerate(calls):
@@ -197,7 +197,7 @@ def _floor_series(candidate: Candidate, trivial: Problem, settings: Settings, ti
     """A series whose floor is the candidate's cost on a 1-token problem of the same family."""
     device = settings.device
     q, k, v, grad_out = trivial.inputs(device.torch_device(), settings.dtype, settings.seed, settings.backward)
-    call = _call(candidate.fn, trivial, q, k, v, grad_out, settings.backward)
+    call = timed_call(candidate.fn, trivial, q, k, v, grad_out, settings.backward)
     label = f"{candidate.label} on a 1-token problem (mask {trivial.mask.label})"
     series = Series(candidate, trivial.mask)
     if _warm_up(call, 3, device, label, watch)[1] is not None:
@@ -208,7 +208,8 @@ def _floor_series(candidate: Candidate, trivial: Problem, settings: Settings, ti
     return series
 
 
-def _call(fn, problem: Problem, q, k, v, grad_out, backward: bool):
+def timed_call(fn, problem: Problem, q, k, v, grad_out, backward: bool):
+    """The call of ``fn`` on these inputs that a point times: forward, or forward and backward."""
     kwargs = problem.kwargs()
     if not backward:
         return lambda: fn(q, k, v, **kwargs)

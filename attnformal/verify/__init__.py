@@ -19,7 +19,18 @@ Layout:
 * :mod:`.report`, :mod:`.baseline`, :mod:`.replay`.
 """
 
-from attnformal.verify.battery import BatteryReport, run_battery
-from attnformal.verify.runner import CheckResult, Settings
+import importlib
 
 __all__ = ["BatteryReport", "CheckResult", "Settings", "run_battery"]
+_HOMES = {"BatteryReport": "battery", "run_battery": "battery", "CheckResult": "runner", "Settings": "runner"}
+
+# The tolerance profiles (:mod:`.tolerances` defines what each allows): named here, where the command line
+# and the pytest plugin read them to parse their options without importing torch.
+PROFILES = ("default", "naive", "ascend")
+
+
+def __getattr__(name):
+    """The battery's API, imported on first use: parsing options (the CLI, the pytest plugin) needs no torch."""
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)

@@ -3,7 +3,8 @@
 Exit status: 0 PASS; 1 FAIL (a check failed, crashed or hung, a required feature is refused,
 or a regression against --baseline); 2 usage error; 3 NOTHING VERIFIED or INCOMPLETE (too
 little was verified to judge -- the verdict says what the implementation refused);
-130 interrupted (Ctrl-C or SIGTERM: the checks that finished are reported and kept).
+4 internal error (an output could not be written: a full disk); 130 interrupted (Ctrl-C or SIGTERM: the
+checks that finished are reported and kept in results.json; --json, --junit, --html stay as they were).
 """
 
 from __future__ import annotations
@@ -15,21 +16,13 @@ import sys
 from pathlib import Path
 
 from attnformal import cli
-from attnformal.adapters import ALIASES, resolve
-from attnformal.distributed import EngineMissing
-from attnformal.pictures import html
-from attnformal.verify import report as reporting
-from attnformal.verify.baseline import compare_baseline, load_baseline, save_baseline
 from attnformal.cli import EXIT_CODES
-from attnformal.verify.battery import make_executor, run_battery
-from attnformal.verify.calls import FEATURES
-from attnformal.verify.checks import CHECKS
-from attnformal.verify.execute import Task
-from attnformal.verify.options import check_campaign, parse_dtypes, parse_features, parse_patterns
+from attnformal.distributed import EngineMissing
+from attnformal.verify import PROFILES
 from attnformal.verify.outputs import PREVIOUS, RESULTS, ResultsStream, start_folder
-from attnformal.verify.replay import describe_replay, load_reproducer
-from attnformal.verify.runner import Settings
-from attnformal.verify.tolerances import PROFILES
+
+# The battery (and torch) are imported by the functions that use them, after the arguments are parsed: a
+# usage error is printed before torch is imported.
 
 PROG = "python -m attnformal.verify"
 DEFAULT_DTYPES = "float32 bfloat16"
@@ -64,7 +57,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=cli.integer(minimum=1), metavar="N",
                    help="run on a local Dask cluster of N processes")
     p.add_argument("--cluster", metavar="ADDRESS", help="run on the Dask scheduler at ADDRESS")
-    p.add_argument("--json", type=Path, metavar="FILE", help="results as JSON (rewritten after each check)")
+    p.add_argument("--json", type=Path, metavar="FILE", help="results as JSON (written when the run ends)")
     p.add_argument("--junit", type=Path, metavar="FILE", help="results as JUnit XML")
     p.add_argument("--html", type=Path, metavar="FILE", help="one HTML page: tables, error maps, replays")
     p.add_argument("--save-baseline", type=Path, metavar="FILE", help="store this run as a baseline")
@@ -83,6 +76,10 @@ def parser() -> argparse.ArgumentParser:
 def settings_from(args) -> Settings:
     """Settings from parsed arguments; a ValueError names the option that is wrong, and
     :class:`EngineMissing` says how to install the engine --workers and --cluster need."""
+    from attnformal.adapters import ALIASES, resolve
+    from attnformal.verify.options import check_campaign, parse_dtypes, parse_features, parse_patterns
+    from attnformal.verify.runner import Settings
+
     dtypes = parse_dtypes(args.dtypes or DEFAULT_DTYPES)
     require = parse_features(args.require)
     only = parse_patterns(args.only, args.profile)
@@ -106,6 +103,10 @@ def settings_from(args) -> Settings:
 
 
 def _list_checks() -> str:
+    from attnformal.adapters import ALIASES
+    from attnformal.verify.calls import FEATURES
+    from attnformal.verify.checks import CHECKS
+
     lines = [f"{c.name:32s} {c.doc}" + (" [full only]" if c.full_only else "") for c in CHECKS]
     return "\n".join(lines + ["", "features (for --require): " + ", ".join(FEATURES),
                               "aliases (for --impl): " + ", ".join(ALIASES)])
@@ -136,6 +137,9 @@ def main(argv=None) -> int:
         return 0
     if not args.impl:
         p.error("argument --impl is required")
+    from attnformal.verify.baseline import load_baseline
+    from attnformal.verify.replay import load_reproducer
+
     try:
         settings = settings_from(args)
         if args.replay:
@@ -143,7 +147,12 @@ def main(argv=None) -> int:
         baseline = load_baseline(args.baseline) if args.baseline else None
     except (ValueError, EngineMissing) as err:
         p.error(str(err))
-    with _sigterm_as_interrupt():
+    with _sigterm_as_interrupt(), contextlib.ExitStack() as held:
+        try:
+            if not args.replay:  # one run at a time writes in the implementation's folder
+                held.enter_context(cli.folder_lock(settings.repro_dir, "--repro-dir"))
+        except cli.FolderBusy as err:
+            p.error(str(err))
         try:
             executor = _executor(p, settings)
             try:
@@ -155,12 +164,16 @@ def main(argv=None) -> int:
         except KeyboardInterrupt:  # while a cluster starts, or during a replay; a battery run reports what finished
             print("interrupted", file=sys.stderr)
             return EXIT_CODES["INTERRUPTED"]
+        except cli.WriteError as err:
+            return cli.write_failed(err, PROG)
         except Exception as err:  # a defect of attnformal, not of the arguments nor of the kernel: never FAIL's code
             return cli.internal_error(err)
 
 
 def _executor(p: argparse.ArgumentParser, settings: Settings):
     """The executor of the run; a cluster that cannot be had is a usage error."""
+    from attnformal.verify.battery import make_executor
+
     if settings.workers:
         print(f"attnformal.verify: starting a local Dask cluster of {settings.workers} worker processes",
               file=sys.stderr, flush=True)
@@ -173,6 +186,9 @@ def _executor(p: argparse.ArgumentParser, settings: Settings):
 
 
 def _replay(settings: Settings, executor, path: Path) -> int:
+    from attnformal.verify.execute import Task
+    from attnformal.verify.replay import describe_replay
+
     _, result = next(executor.map([Task("replay", str(path))]))
     print(describe_replay(path, result))
     verdict = {"pass": "PASS", "FAIL": "FAIL", "unsupported": "NOTHING VERIFIED", "ERROR": "INTERNAL ERROR"}
@@ -180,9 +196,12 @@ def _replay(settings: Settings, executor, path: Path) -> int:
 
 
 def _run(args, settings: Settings, executor, baseline) -> int:
+    from attnformal.verify import report as reporting
+    from attnformal.verify.baseline import compare_baseline
+    from attnformal.verify.battery import run_battery
+
     moved = start_folder(settings.repro_dir)
-    write = ResultsStream([path for path in (args.json, settings.repro_dir / RESULTS) if path is not None],
-                          reporting.to_json)
+    write = ResultsStream([settings.repro_dir / RESULTS], reporting.to_json)
     report = run_battery(settings, progress=reporting.ProgressBar(), on_result=write, executor=executor)
     plural = "s" if moved > 1 else ""
     previous = f"the previous run's {moved} file{plural} moved to {settings.repro_dir / PREVIOUS}/" if moved else None
@@ -194,14 +213,31 @@ def _run(args, settings: Settings, executor, baseline) -> int:
         if diff.regressions:
             code = EXIT_CODES["FAIL"]
     write(report)
+    print(f"results: {settings.repro_dir / RESULTS}")
+    _write_outputs(args, report, previous)
+    return code
+
+
+def _write_outputs(args, report, previous):
+    """--json, --junit, --html, --save-baseline: replaced only by a run that finished; an interrupted one
+    leaves them as the run before wrote them (its own results are in results.json)."""
+    from attnformal.pictures import html
+    from attnformal.verify import report as reporting
+    from attnformal.verify.baseline import save_baseline
+
+    named = [path for path in (args.json, args.junit, args.html, args.save_baseline) if path is not None]
+    if report.state != "complete":
+        if named:
+            print(f"interrupted: {', '.join(map(str, named))} kept as the previous run wrote them", file=sys.stderr)
+        return
+    if args.json:
+        ResultsStream([args.json], reporting.to_json)(report)
     if args.junit:
         cli.write_atomic(args.junit, reporting.to_junit(report))
     if args.html:
         cli.write_atomic(args.html, html.verify_report(report, previous))
-    if args.save_baseline and report.state == "complete":
+    if args.save_baseline:
         save_baseline(report, args.save_baseline)
-    print(f"results: {settings.repro_dir / RESULTS}")
-    return code
 
 
 if __name__ == "__main__":

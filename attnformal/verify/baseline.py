@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from attnformal.cli import write_atomic
 from attnformal.verify.battery import BatteryReport
 from attnformal.verify.runner import dtype_name
 
@@ -44,7 +45,7 @@ def save_baseline(report: BatteryReport, path) -> None:
         "results": {r.label: {"status": r.status, "worst_ratio": r.metrics.get("worst_ratio"),
                               "max_abs": r.metrics.get("max_abs")} for r in report.results},
     }
-    Path(path).write_text(json.dumps(data, indent=1, default=_json_number))
+    write_atomic(path, json.dumps(data, indent=1, default=_json_number))
 
 
 def _json_number(x):

@@ -17,6 +17,7 @@ import torch
 from attnformal.reference import golden
 from attnformal.reference.__main__ import main
 from attnformal.reference.check import compare, ulp
+from attnformal.testing import tolerance_for
 
 BROKEN_IMPL = '''
 from attnformal.kernels.torch_tiled import attention
@@ -240,3 +241,70 @@ def test_golden_files_carry_the_chunk_and_the_prefix(tmp_path, capsys, flags, st
     broken.write_text(BROKEN_CHUNK_IMPL.replace("chunk_size=None", f"{next(iter(stored))}=None"))
     assert main(["check", str(path), "--impl", f"{broken}:no_chunk"]) == 1
     capsys.readouterr()
+
+
+def forged(path, tmp_path, name: str, edit) -> "Path":
+    """A copy of the golden file with the array ``name`` replaced by ``edit(array, arrays)`` and its SHA-256
+    recomputed, as a forger would: the hashes then say nothing."""
+    with np.load(path) as archive:
+        arrays = {n: archive[n] for n in archive.files}
+    meta = json.loads(str(arrays.pop("meta")))
+    arrays[name] = edit(arrays[name].copy(), arrays)
+    meta["arrays"][name] = golden._describe(arrays[name])
+    out = tmp_path / f"forged-{name}.npz"
+    np.savez(out, meta=np.array(json.dumps(meta)), **arrays)
+    return out
+
+
+def allowed_times(factor: float, name: str):
+    """An edit setting ``name``'s radii to ``factor`` times what the check allows beyond them (bfloat16)."""
+    def edit(radius, arrays):
+        return golden.allowance(torch.from_numpy(arrays[name]), *tolerance_for(torch.bfloat16)).numpy() * factor
+    return edit
+
+
+def test_radii_looser_than_generate_accepts_are_refused(small_file, tmp_path, capsys):
+    path = forged(small_file, tmp_path, "dv_radius", allowed_times(4, "dv"))
+    with pytest.raises(golden.GoldenError, match="the radii are too loose to judge a bfloat16 kernel: dv's radius"):
+        golden.load(path, verify=False)  # the rule alone, before any recomputation
+    assert main(["check", str(path), "--impl", "torch-tiled"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "generate refuses such radii" in err
+    golden.load(small_file, verify=False)  # control: the file as written meets the rule
+
+
+@pytest.mark.parametrize("name, edit, message", [
+    ("dk", lambda dk, _: dk + 1e-2 * np.abs(dk).max(), "the stored dk does not match the stored spec and inputs at "
+                                                       "batch "),
+    ("out_radius", allowed_times(0.5, "out"), "the stored out's radius at batch "),  # within generate's rule
+])
+def test_a_forged_reference_is_refused_by_the_recomputation(small_file, tmp_path, capsys, name, edit, message):
+    path = forged(small_file, tmp_path, name, edit)
+    if name.endswith("_radius"):
+        golden.load(path, verify=False)  # the rule alone lets it through: only the recomputation catches it
+    with pytest.raises(golden.GoldenError, match=message):
+        golden.load(path, sample_seed=11)
+    assert main(["check", str(path), "--impl", "torch-tiled"]) == 2  # any seed: every group was edited
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: golden file") and message in err
+
+
+def test_the_sample_is_seeded_and_printed_and_reaches_every_group(small_file, tmp_path, capsys):
+    """One group's dk shifted: refused by the seeds that draw it, loaded by those that do not (the sample is
+    what finds it); the seed is printed, and a genuine file passes under every seed."""
+    spec = golden.load(small_file, verify=False).spec
+    draws = {seed: golden.sampled_groups(spec, seed) for seed in range(40)}
+    assert {group for groups in draws.values() for group in groups} == {(0, 0), (0, 1), (1, 0), (1, 1)}
+
+    def shift_one_group(dk, _):
+        dk[1, 0] += 1e-2 * np.abs(dk).max()
+        return dk
+    path = forged(small_file, tmp_path, "dk", shift_one_group)
+    drawing = next(seed for seed, groups in draws.items() if (1, 0) in groups)
+    missing = next(seed for seed, groups in draws.items() if (1, 0) not in groups)
+    with pytest.raises(golden.GoldenError, match=r"the stored dk .* at batch 1, KV head 0"):
+        golden.load(path, sample_seed=drawing)
+    assert golden.load(path, sample_seed=missing).sample == (missing, draws[missing])
+    assert main(["check", str(small_file), "--impl", "torch-tiled", "--sample-seed", str(drawing)]) == 0
+    out = capsys.readouterr().out
+    assert f"(--sample-seed {drawing})" in out and str(draws[drawing][0]) in out

@@ -56,27 +56,30 @@ def test_one_refusing_implementation_of_two_fails_the_comparison(impls, tmp_path
     assert (tmp_path / "sweep.png").is_file()
 
 
-def test_results_go_to_a_folder_per_implementation_cleared_of_old_results(impls, tmp_path, monkeypatch, capsys):
+def test_results_go_to_a_folder_per_implementation_and_replace_old_results(impls, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     folder = tmp_path / "out" / "scale" / "impls.refuses"
     folder.mkdir(parents=True)
     (folder / "sweep.png").write_bytes(b"a plot of an earlier run")
     (folder / "notes.txt").write_text("the user's own file")
     assert main(["--impl", f"{impls}:refuses", *TINY]) == 3  # NOTHING VERIFIED: every point refused
-    assert f"{Path('out/scale/impls.refuses')}: removed sweep.png of an earlier run" in capsys.readouterr().err
-    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt", "sweep.csv", "sweep.json"]
+    assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) == \
+        ["notes.txt", "sweep.csv", "sweep.json"]  # the old plot is gone with the run that drew it
     args = build_parser().parse_args(["--impl", "torch-tiled", "--vs", "sdpa", *TINY])
     configure(args)
     assert args.out == Path("out/scale/torch-tiled-vs-sdpa") and args.out.is_dir()
 
 
-def test_ctrl_c_ends_the_sweep_with_one_line(tmp_path, capsys, monkeypatch):
+def test_ctrl_c_ends_the_sweep_with_one_line_and_keeps_the_earlier_run(tmp_path, capsys, monkeypatch):
+    (tmp_path / "sweep.json").write_text('{"an earlier run": true}')
+
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
-    monkeypatch.setattr("attnformal.scale.cli.run_sweep", interrupted)
+    monkeypatch.setattr("attnformal.scale.sweep.run_sweep", interrupted)
     assert main(["--impl", "sdpa", *TINY, "--out", str(tmp_path)]) == 130
-    assert capsys.readouterr().err == f"\ncancelled: nothing was written to {tmp_path}\n"
-    assert not list(tmp_path.iterdir())
+    assert capsys.readouterr().err == f"\ncancelled: {tmp_path} keeps what it held before this run\n"
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".")] == ["sweep.json"]
+    assert json.loads((tmp_path / "sweep.json").read_text()) == {"an earlier run": True}
 
 
 def test_lists_take_spaces_and_commas_alike(tmp_path):

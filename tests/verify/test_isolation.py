@@ -50,9 +50,12 @@ def _ctrl_c_reaches_python():
 
 
 def test_ctrl_c_keeps_the_checks_that_finished(tmp_path):
-    results = tmp_path / "run.json"
+    """The implementation's results.json holds every finished check; --json, written only by a finished run,
+    stays as the run before left it (here: absent)."""
+    named = tmp_path / "run.json"
+    results = tmp_path / "zoo.attention" / "results.json"
     process = subprocess.Popen([sys.executable, "-m", "attnformal.verify", "--impl", f"{ZOO}:attention", "--dtypes",
-                                "float32", "--json", str(results), "--repro-dir", str(tmp_path)],
+                                "float32", "--json", str(named), "--repro-dir", str(tmp_path)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                preexec_fn=_ctrl_c_reaches_python)
     deadline = time.monotonic() + 900  # a first check needs seconds; this is a hang guard
@@ -65,3 +68,4 @@ def test_ctrl_c_keeps_the_checks_that_finished(tmp_path):
     run = json.loads(results.read_text())
     assert run["state"] == "interrupted" and len(run["results"]) >= 2
     assert all(r["status"] == "pass" for r in run["results"])
+    assert not named.exists() and f"interrupted: {named} kept as the previous run wrote them" in err

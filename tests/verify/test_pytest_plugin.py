@@ -5,6 +5,10 @@ from pathlib import Path
 
 import pytest
 
+# Imported here, before pytester's in-process runs snapshot sys.modules: else each run would import the battery
+# afresh (pytester removes what a run imported) and pickle one run's classes against the next run's modules.
+import attnformal.verify.pytest_battery  # noqa: F401
+
 ZOO = __import__("zoo").__file__
 
 pytest_plugins = ["pytester"]
@@ -62,3 +66,24 @@ def test_unknown_names_are_usage_errors(battery):
 def test_without_the_option_the_plugin_adds_nothing(battery, pytester):
     pytester.makepyfile(test_one="def test_one():\n    pass\n")
     battery().assert_outcomes(passed=1)
+
+
+NO_TORCH = '''
+import sys
+
+
+def test_the_plugin_loaded_and_imported_neither_torch_nor_the_battery():
+    assert "attnformal.verify.pytest_plugin" in sys.modules  # the control: it is loaded (its options exist)
+    assert "torch" not in sys.modules and "attnformal.verify.pytest_battery" not in sys.modules
+'''
+
+
+def test_an_unrelated_pytest_run_imports_no_torch(pytester):
+    """Another project's tests in the same environment: the plugin adds its options and nothing else."""
+    pytester.makepyfile(test_unrelated=NO_TORCH)
+    pytester.runpytest_subprocess(*load_plugin(), "-p", "no:cacheprovider").assert_outcomes(passed=1)
+    # the control: with --attn-impl the battery's hooks join and its checks run (and would break that test)
+    result = pytester.runpytest_subprocess(*load_plugin(), "-p", "no:cacheprovider", "--attn-impl", "sdpa-math",
+                                           "--attn-only", "hand.uniform_logits", "--attn-dtypes", "float32", "-v")
+    result.assert_outcomes(passed=2, failed=1)  # the check and the verdict pass; the test above sees torch
+    result.stdout.fnmatch_lines(["*attnformal-verify::hand::uniform_logits?float32? PASSED*", "*verdict PASSED*"])

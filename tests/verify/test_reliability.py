@@ -263,7 +263,7 @@ def test_an_internal_error_exits_4_not_1(capsys, monkeypatch, golden_file, tmp_p
     code = reference_main(["check", golden_file, "--impl", "torch-tiled"])
     text = capsys.readouterr().err
     assert code == 4 and "internal error: RuntimeError: a defect" in text and "Traceback" not in text
-    monkeypatch.setattr("attnformal.scale.cli.run_sweep", defect)
+    monkeypatch.setattr("attnformal.scale.sweep.run_sweep", defect)
     code, text, _ = scale(capsys, tmp_path, "torch-tiled")
     assert code == 4 and "internal error: RuntimeError: a defect" in text and "Traceback" not in text
     monkeypatch.setattr("attnformal.verify.runner._conclude", defect)  # inside a check: the result is an ERROR

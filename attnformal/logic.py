@@ -130,7 +130,7 @@ class Query:
 
 
 RLIMIT_UNIT = 10 ** 6  # --budget counts millions of Z3 resource units
-DEFAULT_BUDGET = 300  # millions of units per obligation: 10x what the costliest (obligation 15) needs (docs/measured.md)
+DEFAULT_BUDGET = 300  # millions of units per obligation: over 30x what the costliest (obligation 14) needs (docs/measured.md)
 DEFAULT_WALL_S = 3600.0  # the wall-clock safety net per obligation: above what the whole budget takes (~500 s quiet)
 
 

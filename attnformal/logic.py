@@ -130,7 +130,7 @@ class Query:
 
 
 RLIMIT_UNIT = 10 ** 6  # --budget counts millions of Z3 resource units
-DEFAULT_BUDGET = 300  # millions of units per obligation: 10x what the costliest (obligation 15) needs (docs/measured.md)
+DEFAULT_BUDGET = 300  # millions of units per obligation: over 30x what the costliest (obligation 14) needs (docs/measured.md)
 DEFAULT_WALL_S = 3600.0  # the wall-clock safety net per obligation: above what the whole budget takes (~500 s quiet)
 
 
@@ -221,16 +221,41 @@ def bitblast_solver() -> z3.Solver:
 bitblast_solver.gives_cores = False
 
 
+@dataclass(frozen=True)
+class Abstraction:
+    """A sound over-approximation of a query, tried before the query itself.
+
+    ``apply(formulas)`` maps a query's formulas (labelled ones, then the negated claim) to formulas
+    with fewer constraints on them -- e.g. each nonlinear term read as a fresh variable -- in the same
+    order, and adds instances of proven lemmas about what was abstracted: ``(formulas, [(Axiom,
+    instances), ...])``. Every model of the query extends to one of the abstraction, so when the
+    abstraction has none the query has none: **proved**. When it has one, that model may be spurious,
+    so the query itself is decided as usual (its verdict and counterexample are the query's own).
+    """
+
+    name: str
+    apply: Callable[[list], tuple[list, list]]
+    axioms: tuple[Axiom, ...] = ()  # the lemma schemas ``apply`` instantiates (their proofs become ``by``)
+    # ``trials(formulas)``: substitutions ``[(symbol, value), ...]`` under which a model of the formulas, if
+    # there is one, is easy to find; a model found under one is a model of the formulas (the premise check).
+    trials: Callable[[list], list] = lambda formulas: []
+
+
+ABSTRACTION_SHARE = 0.25  # of the units left: an abstraction that does not decide quickly is not worth more
+
+
 def check_z3(claim: str, queries: Iterable[Query], *, budget: Budget, axioms: Sequence[Axiom] = (),
              by: Sequence[Proof] = (), solver: Callable[[], z3.Solver] = plain_solver,
-             keep_model: bool = False) -> Proof:
+             keep_model: bool = False, abstraction: Abstraction | None = None) -> Proof:
     """Decide every query (the cases of one theorem); the theorem is proved iff all are.
 
     ``by``: proven lemmas the theorem rests on outside the solver; with the lemmas behind the
     axioms the cores show were used, they become the proof's ``by``. A lemma that is not
-    proved leaves the theorem unknown.
+    proved leaves the theorem unknown. ``abstraction``: tried first on each query (see
+    :class:`Abstraction`).
     """
     start, units = time.perf_counter(), budget.used
+    axioms = (*axioms, *(abstraction.axioms if abstraction is not None else ()))
     unproved = [p.claim for p in (*by, *(p for a in axioms for p in a.by)) if not p.ok]
     if unproved:
         return Proof(claim, "z3", UNKNOWN, detail="rests on lemmas that were not proved: " + "; ".join(unproved))
@@ -240,7 +265,7 @@ def check_z3(claim: str, queries: Iterable[Query], *, budget: Budget, axioms: Se
     count = 0
     for query in queries:
         count += 1
-        outcome, used_hypotheses, used_axioms = _decide(query, axioms, budget, solver, keep_model)
+        outcome, used_hypotheses, used_axioms = _decide(query, axioms, budget, solver, keep_model, abstraction)
         if outcome.status != PROVED:
             return outcome.but(claim=claim, queries=count, seconds=time.perf_counter() - start,
                                rlimit=budget.used - units, hypotheses=tuple(text for text, _ in query.hypotheses))
@@ -257,28 +282,35 @@ def check_z3(claim: str, queries: Iterable[Query], *, budget: Budget, axioms: Se
 _TRACK = "track:"  # prefix of the Boolean names that label tracked assertions
 
 
-def _decide(query: Query, axioms: Sequence[Axiom], budget: Budget, solver_for, keep_model=False):
+def _decide(query: Query, axioms: Sequence[Axiom], budget: Budget, solver_for, keep_model=False,
+            abstraction: Abstraction | None = None):
     """``(proof, hypotheses used, axioms used)``: one solver finds a model of the hypotheses, the
-    axiom instances and the premise; another refutes the negation, tracking what it uses.
+    axiom instances and the premise; another refutes the negation, tracking what it uses
+    (first in the ``abstraction``, when one is given and it decides).
 
     Each makes a single ``check``: Z3 then picks its best strategy for the logic (nonlinear
     integer queries are orders of magnitude faster than in incremental mode).
     """
+    own = [a for a in axioms if abstraction is None or a not in abstraction.axioms]
     spent = budget.spent()
     if spent:
         status = INTERRUPTED if budget.left() <= 0 else UNKNOWN
         return Proof("", "z3", status, case=query.case, detail=spent + " before this query"), (), ()
     premise, conclusion = query.premise_and_conclusion()
-    terms = TermIndex([query.claim, *(formula for _, formula in query.hypotheses)]) if axioms else None
-    instances = {axiom.name: axiom.instances(terms) for axiom in axioms}
+    terms = TermIndex([query.claim, *(formula for _, formula in query.hypotheses)]) if own else None
+    instances = {axiom.name: axiom.instances(terms) for axiom in own}
     labelled = [*((("axiom", n), z3.And(*f)) for n, f in instances.items() if f),
                 *((("hypothesis", t), f) for t, f in query.hypotheses)]
     premises = labelled + ([(("premise", "the premise of the claim"), premise)] if premise is not None else [])
-    not_vacuous = _satisfiable(premises, query, budget)
+    not_vacuous = _satisfiable(premises, query, budget, abstraction.trials if abstraction is not None else None)
     if not_vacuous is not None:
         return not_vacuous, (), ()
 
     negation = [*([premise] if premise is not None else []), z3.Not(conclusion)]
+    if abstraction is not None:
+        proved = _decide_abstracted(abstraction, labelled, negation, query, budget)
+        if proved is not None:
+            return proved
     solver = solver_for()
     for index, (_, formula) in enumerate(labelled):
         solver.assert_and_track(formula, z3.Bool(f"{_TRACK}{index}"))
@@ -306,17 +338,38 @@ def _decide(query: Query, axioms: Sequence[Axiom], budget: Budget, solver_for, k
     return _unknown(solver, query, budget), (), ()
 
 
+def _decide_abstracted(abstraction: Abstraction, labelled, negation, query: Query, budget: Budget):
+    """The proof from the abstraction's unsat core, or None if the abstraction did not refute the
+    negation (then its model may be spurious, and the query itself must be decided)."""
+    formulas, lemmas = abstraction.apply([formula for _, formula in labelled] + [z3.And(*negation)])
+    tracked = [(label, formula) for (label, _), formula in zip(labelled, formulas)]
+    tracked += [(("axiom", axiom.name), z3.And(*instances)) for axiom, instances in lemmas if instances]
+    solver = plain_solver()
+    for index, (_, formula) in enumerate(tracked):
+        solver.assert_and_track(formula, z3.Bool(f"{_TRACK}{index}"))
+    solver.add(formulas[-1])
+    if budget.check(solver, share=ABSTRACTION_SHARE)[0] != z3.unsat:
+        return None
+    core = sorted(int(str(label).removeprefix(_TRACK)) for label in solver.unsat_core())
+    used = [tracked[index][0] for index in core]
+    return (Proof("", "z3", PROVED, case=query.case),
+            [name for kind, name in used if kind == "hypothesis"], [name for kind, name in used if kind == "axiom"])
+
+
 _SATISFIABLE: set[tuple[str, ...]] = set()  # premises already shown satisfiable (as SMT-LIB text)
 
 
-def _satisfiable(labelled, query: Query, budget: Budget) -> Proof | None:
+def _satisfiable(labelled, query: Query, budget: Budget, trials=None) -> Proof | None:
     """None if the premises have a model; else the vacuous or unknown outcome.
 
     Many queries share a few small premises (all tile queries assume only ``len_q, len_k, bm,
     bn >= 0``), so a small set of premises shown satisfiable once is not checked again.
+    ``trials``: see :attr:`Abstraction.trials`, tried first.
     """
     key = tuple(formula.sexpr() for _, formula in labelled) if len(labelled) <= 4 else None
     if key in _SATISFIABLE:
+        return None
+    if trials is not None and _satisfiable_in_a_trial([formula for _, formula in labelled], trials, budget):
         return None
     solver = plain_solver()  # finding a model is easy; the tactics need not return one
     for index, ((kind, text), formula) in enumerate(labelled):
@@ -331,6 +384,16 @@ def _satisfiable(labelled, query: Query, budget: Budget) -> Proof | None:
         return Proof("", "z3", VACUOUS, case=query.case,
                      detail="no model of the hypotheses, axiom instances and premise; conflicting: " + "; ".join(core))
     return _unknown(solver, query, budget, "satisfiability of the hypotheses and premise: ")
+
+
+def _satisfiable_in_a_trial(formulas, trials, budget: Budget) -> bool:
+    """Whether the formulas have a model with some trial's symbols fixed (then they have one)."""
+    for substitution in trials(formulas):
+        solver = plain_solver()
+        solver.add(*(z3.substitute(formula, *substitution) for formula in formulas))
+        if budget.check(solver, share=ABSTRACTION_SHARE)[0] == z3.sat:
+            return True
+    return False
 
 
 READABLE_MODEL_SHARE = 0.05  # of the units left: a readable counterexample is a nicety, not a verdict

@@ -55,7 +55,7 @@ from attnformal.merge import SoftmaxState
 from attnformal.proofs import pipeline
 from attnformal.proofs.ieee import bound_H, fp_theorem, prove_lemmas
 
-COST = 8  # rough seconds; the prover starts the longest obligations first
+COST = 4  # rough seconds; the prover starts the longest obligations first
 TITLE = "Floating point (float32, float16, bfloat16)"
 FORMATS = (FloatFormat("float32", 8, 24), FloatFormat("float16", 5, 11), FloatFormat("bfloat16", 8, 8))
 

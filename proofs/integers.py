@@ -10,6 +10,10 @@
   :func:`floor_division` instantiates it as an axiom schema. With symbolic block sizes a tile
   query divides by a variable (nonlinear); the lemma's instances for the products ``k n`` the
   query contains make those queries easy (seconds become milliseconds).
+* :func:`linear_abstraction` -- the tile queries in linear arithmetic: every division by a symbolic
+  divisor and every product of two symbols read as a fresh variable, with instances of four proven
+  lemmas about floor division and products (:func:`linear_lemmas`); a sound over-approximation
+  (:class:`~attnformal.logic.Abstraction`) that decides them in a hundredth of the resources.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import z3
 
 from attnformal import ops
 from attnformal.features import FEATURES, with_role
-from attnformal.logic import Axiom, Budget, Proof, Query, TermIndex, check_z3
+from attnformal.logic import Abstraction, Axiom, Budget, Proof, Query, TermIndex, check_z3
 from attnformal.masks import MaskGeometry
 from attnformal.schedule import TileSchedule
 from attnformal.spec import AttentionSpec
@@ -125,3 +129,146 @@ def floor_division(lemma: Proof) -> Axiom:
 
     return Axiom("floor-division", "n >= 1 => (x div n <= k <=> x < (k+1) n) and (k <= x div n <=> k n <= x)",
                  "a proven lemma about ops.floordiv on Z3 Ints", instances, by=(lemma,))
+
+
+def linear_lemmas(budget: Budget) -> tuple[Axiom, ...]:
+    """The facts about ``floordiv(x, n)`` (``ops.floordiv``'s own Z3 terms) and products ``k n`` that
+    :func:`linear_abstraction` keeps when it reads them as variables, each proved for all integers,
+    ``n >= 1``. (Obligation 13 proves ``ops.floordiv`` is floor division on every interpretation.)"""
+    x1, x2, n, k1, k2 = z3.Ints("x1 x2 n k1 k2")
+    q1, q2 = ops.floordiv(x1, n), ops.floordiv(x2, n)
+    lemmas = (
+        ("floor-division bounds", "n >= 1 => n (x div n) <= x < n (x div n) + n",
+         z3.And(n * q1 <= x1, x1 < n * q1 + n)),
+        ("floor-division monotone", "n >= 1 and x1 <= x2 => x1 div n <= x2 div n",
+         z3.Implies(x1 <= x2, q1 <= q2)),
+        ("product sign", "n >= 1 => (k >= 0 => k n >= k), (k >= 1 => k n >= n), (k <= 0 => k n <= k), "
+         "(k <= -1 => k n <= -n)", z3.And(z3.Implies(k1 >= 0, k1 * n >= k1), z3.Implies(k1 >= 1, k1 * n >= n),
+                                           z3.Implies(k1 <= 0, k1 * n <= k1), z3.Implies(k1 <= -1, k1 * n <= -n))),
+        ("product monotone", "n >= 1 => (k1 < k2 => k1 n + n <= k2 n) and (k1 = k2 => k1 n = k2 n)",
+         z3.And(z3.Implies(k1 < k2, k1 * n + n <= k2 * n), z3.Implies(k1 == k2, k1 * n == k2 * n))),
+    )
+    show = {"x1": x1, "x2": x2, "n": n, "k1": k1, "k2": k2}
+    return tuple(Axiom(name, statement, "a proven lemma about ops.floordiv and products on Z3 Ints",
+                       _instantiated_by_the_abstraction,
+                       by=(check_z3(f"{name}: {statement}", [Query(claim, (("n >= 1", n >= 1),), show)],
+                                    budget=budget),))
+                 for name, statement, claim in lemmas)
+
+
+def _instantiated_by_the_abstraction(index: TermIndex):
+    return []  # linear_abstraction instantiates these lemmas itself, on the variables it introduces
+
+
+def linear_abstraction(budget: Budget) -> Abstraction:
+    """Integer queries read linearly: each ``x div n`` with a symbolic ``n`` and each product of two
+    symbols becomes a fresh variable, constrained by the :func:`linear_lemmas`' instances on them
+    (bounds of each quotient, monotonicity for each pair with the same divisor, sign and monotonicity
+    for each pair of products with a common factor). Polynomials are first put in sum-of-monomials
+    form (``(bm + 1) block_m`` is ``bm block_m + block_m``), so equal products are one variable."""
+    bounds, monotone, sign, product_monotone = axioms = linear_lemmas(budget)
+
+    def apply(formulas):
+        formulas = [z3.simplify(f, som=True) for f in formulas]
+        formulas, quotients = _quotients_as_variables(formulas)
+        division = [z3.Implies(n >= 1, z3.And(n * q <= x, x < n * q + n)) for x, n, q in quotients]
+        ordered = [z3.Implies(z3.And(n1 >= 1, x1 <= x2), q1 <= q2)
+                   for (x1, n1, q1), (x2, n2, q2) in itertools.permutations(quotients, 2) if n1.eq(n2)]
+        parts = [[z3.simplify(f, som=True) for f in group] for group in (formulas, division, ordered)]
+        (formulas, division, ordered), products = _products_as_variables(parts)
+        signs, pairs = [], []
+        for n, factors in _by_common_factor(products):
+            signs += [z3.Implies(n >= 1, z3.And(z3.Implies(k >= 0, p >= k), z3.Implies(k >= 1, p >= n),
+                                                z3.Implies(k <= 0, p <= k), z3.Implies(k <= -1, p <= -n)))
+                      for k, p in factors]
+            pairs += [z3.Implies(n >= 1, z3.And(z3.Implies(k1 < k2, p1 + n <= p2), z3.Implies(k1 == k2, p1 == p2)))
+                      for (k1, p1), (k2, p2) in itertools.permutations(factors, 2)]
+        return formulas, [(bounds, division), (monotone, ordered), (sign, signs), (product_monotone, pairs)]
+
+    return Abstraction("linear arithmetic, with floor-division and product lemmas", apply, axioms, _small_factors)
+
+
+TRIAL_VALUES = (1, 2, 4)  # what each symbol that makes a query nonlinear is fixed to, in every combination
+
+
+def _small_factors(formulas):
+    """Substitutions that make the formulas linear: every divisor, and one factor of every other product
+    of two symbols (the one in the most products), fixed to small values, every combination of
+    :data:`TRIAL_VALUES`, smallest sum first (a chunk may need to hold three rows of one-row blocks)."""
+    divisors = {t.arg(1).get_id(): t.arg(1) for t in _postorder(formulas, lambda t: z3.is_app_of(t, z3.Z3_OP_IDIV))
+                if z3.is_const(t.arg(1)) and not z3.is_int_value(t.arg(1))}
+    products = [_factors(t) for t in _postorder([z3.simplify(f, som=True) for f in formulas],
+                                                 lambda t: z3.is_mul(t) and len(_factors(t)) == 2)]
+    count = {}
+    for factor in (f for pair in products for f in pair):
+        count[factor.get_id()] = count.get(factor.get_id(), 0) + 1
+    fixed = dict(divisors)
+    for pair in products:
+        if not any(f.get_id() in fixed for f in pair):
+            chosen = max(pair, key=lambda f: (count[f.get_id()], str(f)))
+            if z3.is_const(chosen):
+                fixed[chosen.get_id()] = chosen
+    symbols = sorted(fixed.values(), key=str)
+    choices = sorted(itertools.product(TRIAL_VALUES, repeat=len(symbols)), key=lambda values: (sum(values), values))
+    return [[(s, z3.IntVal(v)) for s, v in zip(symbols, values)] for values in choices] if symbols else []
+
+
+def _postorder(formulas, keep):
+    """The distinct subterms ``keep`` picks, inner ones before the terms that contain them."""
+    found, seen = [], set()
+
+    def visit(term):
+        if not z3.is_app(term) or term.get_id() in seen:
+            return
+        seen.add(term.get_id())
+        for child in term.children():
+            visit(child)
+        if keep(term):
+            found.append(term)
+
+    for formula in formulas:
+        visit(formula)
+    return found
+
+
+def _quotients_as_variables(formulas):
+    """``formulas`` with each ``x div n`` (``n`` not a number) a fresh variable ``q``, and ``(x, n, q)``."""
+    divisions = _postorder(formulas, lambda t: z3.is_app_of(t, z3.Z3_OP_IDIV) and not z3.is_int_value(t.arg(1)))
+    substitution, quotients = [], []
+    for index, term in enumerate(divisions):
+        x, n = (z3.substitute(a, *substitution) if substitution else a for a in term.children())
+        q = z3.Int(f"abstract!div{index}")
+        substitution.append((term, q))
+        quotients.append((x, n, q))
+    return [z3.substitute(f, *substitution) if substitution else f for f in formulas], quotients
+
+
+def _factors(term):
+    return [c for c in term.children() if not z3.is_int_value(c)]
+
+
+def _products_as_variables(groups):
+    """Each group of formulas with each product of two or more symbols a fresh variable ``p`` (a numeric
+    coefficient stays outside), and ``(factors, p)`` for the products of exactly two."""
+    products = _postorder([f for group in groups for f in group],
+                          lambda t: z3.is_mul(t) and len(_factors(t)) >= 2)
+    substitution, variables, two = [], {}, []
+    for term in products:
+        factors = _factors(term)
+        key = tuple(sorted(f.get_id() for f in factors))
+        if key not in variables:
+            variables[key] = z3.Int(f"abstract!mul{len(variables)}")
+            if len(factors) == 2:
+                two.append((factors, variables[key]))
+        coefficient = [c for c in term.children() if z3.is_int_value(c)]
+        substitution.append((term, variables[key] * coefficient[0] if coefficient else variables[key]))
+    return [[z3.substitute(f, *substitution) if substitution else f for f in group] for group in groups], two
+
+
+def _by_common_factor(products):
+    """``(n, [(k, p), ...])``: for each factor ``n``, the products ``p = k n`` it is in."""
+    shared = {}
+    for (a, b), p in products:
+        for n, k in ((a, b), (b, a)):
+            shared.setdefault(n.get_id(), (n, []))[1].append((k, p))
+    return list(shared.values())

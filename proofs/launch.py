@@ -33,7 +33,7 @@ from attnformal.proofs.tile_classification import overriding
 from attnformal.schedule import SKIP, TileSchedule
 from attnformal.spec import AttentionSpec
 
-COST = 2  # rough seconds; the prover starts the longest obligations first
+COST = 6  # rough seconds; the prover starts the longest obligations first
 TITLE = "Kernel launch tables (bounded domain)"
 PROVES_SCHEDULES = True  # a named schedule of another class has its own class_table checked here
 MAX_LENGTH = 4

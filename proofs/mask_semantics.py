@@ -25,7 +25,7 @@ import z3
 from attnformal import masks
 from attnformal.logic import Budget, Control, Query, Settings, check_z3
 from attnformal.proofs import mask_meaning
-from attnformal.proofs.integers import domain, shown_values, spec_families, symbolic_spec
+from attnformal.proofs.integers import domain, linear_abstraction, shown_values, spec_families, symbolic_spec
 from attnformal.spec import AttentionSpec
 
 TITLE = "Mask semantics (the spec's text)"
@@ -102,7 +102,7 @@ def check_property(claim, prop, budget: Budget):
             formula, show = prop(row)
             yield Query(formula, row.hypotheses(), show, case=label)
 
-    return check_z3(claim, queries(), budget=budget)
+    return check_z3(claim, queries(), budget=budget, abstraction=linear_abstraction(budget))
 
 
 def attn_mask_flag(budget: Budget):

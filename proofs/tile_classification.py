@@ -41,7 +41,7 @@ from attnformal import masks, schedule
 from attnformal.logic import VACUOUS, Budget, Control, Labeled, Proof, Query, Settings, check_z3, plain_solver
 from attnformal.masks import MaskGeometry
 from attnformal.proofs.integers import (BLOCK_SIZES, domain, floor_division, floor_division_lemma, geometries,
-                                        shown_values, slow, symbolic_schedule)
+                                        linear_abstraction, shown_values, slow, symbolic_schedule)
 from attnformal.schedule import FULL, PARTIAL, SKIP, TILE_CLASS_NAMES
 
 COST = 3  # rough seconds; the prover starts the longest obligations first
@@ -187,8 +187,10 @@ def check_property(claim, prop, schedules, lemma: Proof, budget: Budget, familie
                 formula, show = prop(t)
                 yield Query(formula, t.hypotheses(), show, case=f"{label}; {family}")
 
-    # Nonlinear (symbolic block sizes): the plain core, see attnformal.logic.minimal_core_solver.
-    return check_z3(claim, queries(), budget=budget, axioms=(floor_division(lemma),), solver=plain_solver)
+    # Nonlinear (symbolic block sizes): decided in linear arithmetic with proven lemmas first; what that
+    # leaves open by the plain core, see attnformal.logic.minimal_core_solver.
+    return check_z3(claim, queries(), budget=budget, axioms=(floor_division(lemma),), solver=plain_solver,
+                    abstraction=linear_abstraction(budget))
 
 
 def overriding(settings: Settings):

@@ -358,7 +358,9 @@ def _explain(settings: Settings, worst: CaseRecord, result: CheckResult):
                 nan = diagnosis.nan_output_finding(worst.observed.out, worst.expected, worst.case)
                 result.findings += [nan] if nan is not None else []
     if padded and failing and worst.observed is not None and _small_enough(worst.case):
-        result.findings += diagnosis.mutant_findings(worst.case, worst.observed, failing, backward=worst.backward)
+        passing = {c.name: c.max_abs for c in worst.comparisons if c.passed and c.numel and c.name in LAID_OUT}
+        result.findings += diagnosis.mutant_findings(worst.case, worst.observed, failing, backward=worst.backward,
+                                                     passing=passing)
     result.findings = list(dict.fromkeys(result.findings))
     result.error_map = error_map_data(worst, LAID_OUT)
     _save_reproducer(settings, worst, result)
@@ -380,18 +382,23 @@ def _rotation_control(run: CheckRun, worst: CaseRecord, findings: list[Finding])
     rotated = diagnosis.rotated_batches(worst.case) if hint is not None and out is not None else None
     if rotated is None:
         return findings
-    try:
-        observed = call(run.impl, rotated, lse=worst.lse, watch=run.watch)
+    try:  # the case again first: a kernel whose failing batches change from call to call localises nothing
+        again, moved = (call(run.impl, c, lse=worst.lse, watch=run.watch) for c in (worst.case, rotated))
     except (Unsupported, ContractError):
         return findings
-    expected = run.expected(rotated)
-    after = judge(run.settings.tolerance, "out", observed.out, expected, rotated.dtype)
-    failing = [b for b in range(rotated.spec.batch) if bool((after.ratio[b] > 1).any())]
     before = [b for b in range(worst.case.spec.batch) if bool((out.ratio[b] > 1).any())]
+    if _failing_batches(run, again, worst.expected, worst.case) != before:
+        return [f for f in findings if f is not hint]
+    failing = _failing_batches(run, moved, run.expected(rotated), rotated)
     verdict = diagnosis.rotation_finding(before, failing, rotated.spec.batch)
     if verdict is None:
         return findings
     return [f for f in findings if f is not hint] + [verdict]
+
+
+def _failing_batches(run: CheckRun, observed, expected, case) -> list[int]:
+    out = judge(run.settings.tolerance, "out", observed.out, expected, case.dtype)
+    return [b for b in range(case.spec.batch) if bool((out.ratio[b] > 1).any())]
 
 
 SUPPORT_PROBE_KEYS = 512  # V = I makes the value dim Sk: the probe runs up to this many keys
@@ -405,8 +412,8 @@ def _support_probe(run: CheckRun, worst: CaseRecord) -> list[Finding]:
     spec = case.spec
     masked = any(f.active(case.kwargs.get(f.name)) for f in mask_features())
     if not masked or spec.packed or spec.dropout_p > 0 or not 0 < spec.len_k <= SUPPORT_PROBE_KEYS \
-            or case.kwargs.get("bias") is not None or case.kwargs.get("sinks") is not None or not _small_enough(case) or spec.head_dim_v == spec.len_k \
-            or case.dtype == torch.float16:
+            or any(case.kwargs.get(n) is not None for n in ("bias", "sinks")) or not _small_enough(case) \
+            or spec.head_dim_v == spec.len_k or case.dtype == torch.float16:
         return []  # (Dv = Sk: the case may itself be a V = I probe; float16 underflows small probabilities to 0;
         # a sink given a value would read as a mask)
     eye = torch.eye(spec.len_k, dtype=case.dtype, device=case.q.device)

@@ -31,14 +31,15 @@ class Specimen:
     diagnosis: str  # the attnformal.verify.diagnosis.BUG_CLASSES id the battery must rank first
     description: str
     dtype: str = "float32"  # the dtype the bug shows in
+    fail_fast: bool = True  # --fail-fast (the first failing check alone) still names the class first
 
 
 ZOO = [
-    Specimen("acc_not_rescaled", "acc_not_rescaled", "the accumulator is not rescaled by alpha"),
-    Specimen("denominator_not_rescaled", "denominator_not_rescaled", "l is not rescaled by alpha"),
+    Specimen("acc_not_rescaled", "acc_not_rescaled", "the accumulator is not rescaled by alpha", fail_fast=False),
+    Specimen("denominator_not_rescaled", "denominator_not_rescaled", "l is not rescaled by alpha", fail_fast=False),
     Specimen("mask_after_max", "mask_after_max", "the row max is taken before masking"),
-    Specimen("finite_fill", "finite_mask_fill", "masked scores are filled with -1e4"),
-    Specimen("nan_empty_rows", "nan_empty_rows", "out = acc / l without a guard for l = 0"),
+    Specimen("finite_fill", "finite_mask_fill", "masked scores are filled with -1e4", fail_fast=False),
+    Specimen("nan_empty_rows", "nan_empty_rows", "out = acc / l without a guard for l = 0", fail_fast=False),
     Specimen("ragged_block", "ragged_block", "the last key block is padded with zero keys and not masked"),
     Specimen("causal_alignment", "causal_alignment", "bottom-right causal computed as top-left"),
     Specimen("causal_off_by_one", "causal_off_by_one", "causal admits key i + 1"),
@@ -50,7 +51,7 @@ ZOO = [
     Specimen("dropout_scaling", "dropout_scaling", "kept values not divided by 1 - p"),
     Specimen("dropout_backward", "dropout_backward", "the backward ignores the dropout mask"),
     Specimen("batch0", "batch_indexing", "every batch reads K and V of batch 0"),
-    Specimen("backward_delta", "backward_delta", "D = rowsum(dO) instead of rowsum(dO * O)"),
+    Specimen("backward_delta", "backward_delta", "D = rowsum(dO) instead of rowsum(dO * O)", fail_fast=False),
     # beyond the issue's list
     Specimen("scale_ignored", "scale_ignored", "the scale argument is ignored (1/sqrt(D) always)"),
     Specimen("kv_lens_ignored", "kv_lens_ignored", "kv_lens is ignored"),
@@ -65,16 +66,18 @@ ZOO = [
     Specimen("dropout_rate", "dropout_rate", "keeps with probability p instead of 1 - p"),
     Specimen("lse_without_max", "lse_wrong", "lse = log(l), the running max forgotten"),
     Specimen("low_precision", "low_precision_accumulation", "m, l and acc kept in the input dtype",
-             dtype="bfloat16"),
-    Specimen("no_max_subtraction", "unstable_softmax", "exp(s) without subtracting the running max"),
+             dtype="bfloat16", fail_fast=False),
+    Specimen("no_max_subtraction", "unstable_softmax", "exp(s) without subtracting the running max", fail_fast=False),
     Specimen("softcap_before_scale", "softcap_wrong", "softcap applied to the unscaled scores"),
-    Specimen("race", "nondeterminism", "each call loses one random key block of one head (a lost update)"),
+    Specimen("race", "nondeterminism", "each call loses one random key block of one head (a lost update)",
+             fail_fast=False),
     Specimen("one_head_scale", "head_specific", "head 0 uses a scale 1.6% too large", dtype="bfloat16"),
     # flash_attn_triton.py's bug: 128-key blocks, exp(s - m) unguarded while m = -inf
     Specimen("first_block_nan", "nan_first_block", "NaN for a row whose first 128 keys are all masked although "
              "later keys are allowed (rows with no key at all are handled)", dtype="float16"),
     # sinks and ALiBi (issue 12)
-    Specimen("sink_not_in_lse", "sink_not_in_lse", "lse leaves the sink out (the output is normalised with it)"),
+    Specimen("sink_not_in_lse", "sink_not_in_lse", "lse leaves the sink out (the output is normalised with it)",
+             fail_fast=False),
     Specimen("sink_value", "sink_value", "the sink enters the accumulator with value 1"),
     Specimen("alibi_sign", "alibi_sign", "ALiBi adds +slope * |distance|"),
     Specimen("alibi_top_left", "alibi_alignment", "ALiBi's distance is |i - j| (top-left), not bottom-right"),
@@ -94,7 +97,8 @@ ZOO = [
     Specimen("prefix_after_kv_lens", "prefix_wrong", "the prefix is ORed in after kv_lens: keys past kv_lens[b] "
              "inside the prefix are read"),
     Specimen("dsinks_scaled", "gradient_scale", "d sinks is 1.2 x the right one", dtype="bfloat16"),
-    Specimen("sink_value_mean_v", "sink_value", "the sink carries the mean of V as its value (0 when V = 0)"),
+    Specimen("sink_value_mean_v", "sink_value", "the sink carries the mean of V as its value (0 when V = 0)",
+             fail_fast=False),
     Specimen("kv_lens_off_by_one", "kv_lens_off_by_one", "kv_lens[b] admits one key too many (j <= kv_lens[b]): "
              "only batches shorter than Sk fail, batch 0 often not"),
 ]

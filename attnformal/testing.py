@@ -131,6 +131,18 @@ class Comparison:
             else "far outside it"
         return f"over 10^4 x the tolerance: {why}"
 
+    def _means(self) -> str:
+        """The mean differences; NaN/Inf are left out of them, so say how many were (an all-NaN result must not
+        read as a mean difference of 0)."""
+        means = f"{self.mean_abs:.3g} / {self.mean_rel:.3g}"
+        if not self.nonfinite:
+            return f"  mean absolute / relative difference: {means}"
+        finite = self.numel - self.nonfinite
+        if not finite:
+            return "  mean absolute / relative difference: undefined (every element is NaN/Inf)"
+        return (f"  mean absolute / relative difference over the {finite} finite elements: {means} "
+                f"({self.nonfinite} NaN/Inf left out)")
+
     def message(self) -> str:
         """What differs, how much, where, and what was allowed."""
         if self.problem is not None and not self.numel:
@@ -139,7 +151,7 @@ class Comparison:
             f"{self.name}: mismatched elements: {self.mismatched} / {self.numel} ({100 * self.fraction:.3g}%)",
             f"  greatest absolute difference: {self.max_abs:.4g} at index {self.max_abs_index}",
             f"  greatest relative difference: {self.max_rel:.4g} at index {self.max_rel_index}",
-            f"  mean absolute / relative difference: {self.mean_abs:.3g} / {self.mean_rel:.3g}",
+            self._means(),
             f"  worst element {self.worst_index}: got {self.worst_actual:.6g}, expected "
             f"{self.worst_expected:.6g}, allowed difference {self.worst_allowed:.3g} ({self._times()})",
             f"  tolerance: |a - r| <= {self.rtol:.3g} * |r| + {self.atol:.3g} * magnitude (+ reference error)",
@@ -223,7 +235,9 @@ def compare_attention(actual, expected, *, dtype, rtol=None, atol=None, magnitud
         result.max_rel, at = _max_with_index(rel)
         result.max_rel_index = _index(int(torch.nonzero(has_rel.flatten())[at]), r.shape)
     result.mean_abs = float(diff[torch.isfinite(diff)].mean()) if torch.isfinite(diff).any() else math.inf
-    result.mean_rel = float(rel[torch.isfinite(rel)].mean()) if torch.isfinite(rel).any() else 0.0
+    # no finite difference at all (an all-NaN result): the mean is infinite, never a reassuring 0
+    result.mean_rel = float(rel[torch.isfinite(rel)].mean()) if torch.isfinite(rel).any() else \
+        (math.inf if rel.numel() and bool((rel != 0).any()) else 0.0)
     result.worst_ratio, at = _max_with_index(ratio)
     result.worst_index = _index(at, r.shape)
     result.worst_actual, result.worst_expected = float(a.flatten()[at]), float(r.flatten()[at])

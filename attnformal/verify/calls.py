@@ -156,8 +156,13 @@ def _backward(out, leaves, grad_out, kwargs):
     return tuple(named[n].grad if n in named else None for n in ("dq", "dk", "dv", "dsinks", "dbias"))
 
 
+def _same(a, b) -> bool:
+    """Equal element by element, NaN where NaN was included (an input with NaN is not changed by reading it)."""
+    return torch.equal(a, b) or bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+
+
 def _restore_inputs(leaves, before):
-    changed = [name for name, t, b in zip("qkv", leaves, before) if not torch.equal(t.detach(), b)]
+    changed = [name for name, t, b in zip("qkv", leaves, before) if not _same(t.detach(), b)]
     if changed:
         for t, b in zip(leaves, before):
             t.detach().copy_(b)

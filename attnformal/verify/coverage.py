@@ -59,9 +59,39 @@ def check_coverage(cases: list[dict]) -> dict:
     return {"run": len(ran), "refused": len(cases) - len(ran), "adapted": sum(bool(c["adapted"]) for c in ran),
             "adaptations": dict(Counter(note for c in ran for note in c["adapted"])),
             "features": sorted({f for c in ran for f in c["features"]}),
+            "paths": _paths(ran),
             "classes": sorted({k for c in ran for k in c["classes"]}),
             "regimes": sorted({c["regime"] for c in ran}),
             "refused_features": dict(Counter(f for c in cases if c["status"] == "unsupported" for f in c["refused"]))}
+
+
+PATHS = ("lse", "backward")  # the ways a case is judged beyond its output: the columns of the feature matrix
+
+
+def _paths(ran) -> dict:
+    """Per feature a case exercised: how many cases ran with it, with lse judged, through the backward."""
+    paths = {}
+    for c in ran:
+        for f in c["features"]:
+            if f in PATHS:
+                continue
+            row = paths.setdefault(f, {"cases": 0, **dict.fromkeys(PATHS, 0)})
+            row["cases"] += 1
+            for path in PATHS:
+                row[path] += path in c["features"]
+    return paths
+
+
+def feature_matrix(results) -> dict:
+    """``{feature: {check: {"cases", "lse", "backward"}}}`` (case counts over the dtypes): which (feature, check)
+    pairs ran, and how many of those cases judged lse and went through the backward."""
+    matrix = {}
+    for r in results:
+        for f, row in (r.coverage or {}).get("paths", {}).items():
+            total = matrix.setdefault(f, {}).setdefault(r.check, {"cases": 0, **dict.fromkeys(PATHS, 0)})
+            for key, n in row.items():
+                total[key] += n
+    return {f: matrix[f] for f in FEATURES if f in matrix}
 
 
 def run_coverage(results, *, selected_all: bool) -> dict:
@@ -80,7 +110,8 @@ def run_coverage(results, *, selected_all: bool) -> dict:
                  features=[f for f in FEATURES if f in features], classes=[k for k in SHAPE_CLASSES if k in classes],
                  missing_features=[f for f in FEATURES if f not in features],
                  missing_classes=[k for k in SHAPE_CLASSES if k not in classes],
-                 regimes=[k for k in REGIMES if k in regimes], missing_regimes=[k for k in REGIMES if k not in regimes])
+                 regimes=[k for k in REGIMES if k in regimes], missing_regimes=[k for k in REGIMES if k not in regimes],
+                 matrix=feature_matrix(results))
     missing = len(total["missing_features"]) + len(total["missing_classes"])
     total["thin"] = selected_all and (total["run"] < THIN_CASES or missing > (len(FEATURES) + len(SHAPE_CLASSES)) // 2)
     return total

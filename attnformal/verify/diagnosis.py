@@ -20,7 +20,9 @@ for a bare observation) with a weight; :func:`summarise` ranks the classes over 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
+import re
 from dataclasses import dataclass
 
 import torch
@@ -28,7 +30,7 @@ import torch
 from attnformal.features import FEATURES, mask_features, with_role
 from attnformal.masks import MaskGeometry
 from attnformal.oracle import oracle_from_spec
-from attnformal.spec import AttentionSpec
+from attnformal.spec import AttentionSpec, SpecError
 
 # Finding weights. DEFINITIVE: the observation rules every other class out (inputs changed by the
 # call; identical calls that disagree). STRONG: a targeted probe, control or mutant names the class.
@@ -66,13 +68,23 @@ BUG_CLASSES = {c.id: c for c in (
     BugClass("gradient_scale", "a gradient is off by a constant factor (a missing or extra scale)"),
     BugClass("backward_delta", "the backward's D = rowsum(dO * O) term is wrong"),
     BugClass("backward_wrong", "the backward is wrong while the forward is right"),
+    BugClass("backward_mask", "the backward recomputes P without one of the forward's masks (e.g. the chunk or "
+                              "the prefix): out and lse are right, the gradients are not"),
     BugClass("lse_base2", "lse is in base 2 instead of the natural log"),
     BugClass("lse_wrong", "lse is wrong while the output is right"),
     BugClass("dropout_scaling", "kept values are not rescaled by 1/(1-p)"),
     BugClass("dropout_rate", "the kept fraction is not 1 - p"),
     BugClass("dropout_backward", "the backward does not apply the forward's dropout mask"),
-    BugClass("batch_indexing", "batches read the wrong batch's inputs (e.g. all read batch 0)"),
+    BugClass("batch_indexing", "batches read or write the wrong batch's memory (e.g. all read batch 0, or a batch "
+                               "offset that leaves batches >= 1 unwritten)"),
     BugClass("scale_ignored", "the scale argument is ignored or applied wrongly"),
+    BugClass("keyword_ignored", "a keyword is accepted but ignored (e.g. window or softcap dropped): the result is "
+                                "the reference of the problem without it"),
+    BugClass("kv_lens_off_by_one", "kv_lens[b] is off by one key (one key too many or too few is read)"),
+    BugClass("output_scaled", "the output is off by a uniform relative factor (out * c), and the gradients with it"),
+    BugClass("dtype_wrong", "a result comes back in the wrong dtype"),
+    BugClass("nan_output", "the output is NaN/Inf in rows that have keys, with no mask pattern explaining it "
+                           "(e.g. an accumulator that starts as NaN)"),
     BugClass("softcap_wrong", "softcap is applied wrongly (e.g. before the scale)"),
     BugClass("sink_not_in_lse", "the attention sink is left out of lse (the output is normalised with it)"),
     BugClass("sink_value", "the attention sink carries a value into the output (it must only join the "
@@ -80,6 +92,8 @@ BUG_CLASSES = {c.id: c for c in (
     BugClass("alibi_sign", "ALiBi's bias has the wrong sign (+slope * distance)"),
     BugClass("alibi_alignment", "ALiBi's distance is aligned top-left (|i - j|) instead of bottom-right "
                                 "(|i + Sk - Sq - j|, flash-attention's convention)"),
+    BugClass("packed_position", "a packed sequence's result depends on where it sits in the packed tensor "
+                                "(positions or distances counted from the tensor's start, not the sequence's)"),
     BugClass("strides_mixed", "one tensor is read with another's strides (K with V's, or V with K's): wrong "
                               "whenever they have different layouts"),
     BugClass("strides_ignored", "non-contiguous inputs are read as if contiguous (strides ignored)"),
@@ -117,6 +131,17 @@ def finding(bug, weight, evidence) -> Finding:
     return Finding(bug, weight, evidence)
 
 
+def contract_finding(message: str, case) -> tuple[str, float, str]:
+    """``(bug, weight, evidence)`` of a broken contract: inputs changed in place and a wrong dtype are named."""
+    if "in place" in message:
+        return "input_mutation", DEFINITIVE, message
+    wrong_dtype = re.fullmatch(r"(\w+) has dtype torch\.(\w+), expected torch\.(\w+)", message)
+    if wrong_dtype:
+        name, got, want = wrong_dtype.groups()
+        return "dtype_wrong", DEFINITIVE, f"wrong dtype: expected {want}, got {got} ({name}, {case.name})"
+    return "contract", PATTERN, message
+
+
 # ---------------------------------------------------------------- localisation
 
 def _ranges(indices) -> str:
@@ -145,8 +170,8 @@ def localise(name: str, over: torch.Tensor, case, expected) -> tuple[str, list[F
     text = (f"{name} fails at {int(over.sum())}/{over.numel()} elements in batches [{_ranges(batches)}] of {nb}, "
             f"{head_word} [{_ranges(heads)}] of {nh}, {row_word} [{_ranges(rows)}] of {nr}")
     found = []
-    if nb > 1 and batches == list(range(1, nb)):
-        found.append(finding("batch_indexing", HINT, "every batch fails except batch 0"))
+    if nb > 1 and batches == list(range(1, nb)) and not _batch_zero_set_apart(name, over, case, expected):
+        found.append(finding("batch_indexing", PATTERN, "every batch fails except batch 0, each nearly everywhere"))
     # A KV head of a GQA group holds the gradients of several query heads: "only KV head 0" would
     # contradict "only head 1" of the output, so only query-head tensors name a single head.
     if nh > 1 and len(heads) == 1 and len(batches) == nb and not (kv_tensor and spec.group > 1):
@@ -172,6 +197,77 @@ def localise(name: str, over: torch.Tensor, case, expected) -> tuple[str, list[F
             found.append(finding("ragged_block", PATTERN, f"only query rows past the last multiple of {tail} "
                                                           f"fail"))
     return text, found
+
+
+MODERATE_SCORE = 20.0  # |scores| up to this: exp overflows in no accumulator, so a NaN is no overflow
+
+
+def nan_output_finding(actual, expected, case) -> Finding | None:
+    """NaN/Inf in nearly every row that has keys, on scores too small for exp to overflow: no mask pattern or
+    empty row explains it (an accumulator that starts as NaN, an uninitialised denominator)."""
+    if actual is None or expected.probabilities is None or 0 in actual.shape:
+        return None
+    has_keys = expected.probabilities.sum(-1) > 0  # [B, Hq, Sq]
+    bad = (~torch.isfinite(actual.detach().cpu())).any(-1) & has_keys
+    if not has_keys.any() or float(bad.sum()) < 0.9 * float(has_keys.sum()) or _largest_score(case) > MODERATE_SCORE:
+        return None
+    return finding("nan_output", STRONG, f"out is NaN/Inf in {int(bad.sum())} of the {int(has_keys.sum())} rows that "
+                                         f"have keys, on scores of at most {_largest_score(case):.3g}")
+
+
+def _largest_score(case) -> float:
+    spec = case.spec
+    q, k = case.q.detach().double().cpu(), case.k.detach().double().cpu()[:, spec.kv_heads()]
+    s = spec.scale * q @ k.transpose(-1, -2)
+    return float(s.abs().max()) if s.numel() else 0.0
+
+
+def rotated_batches(case):
+    """``case`` with its batches rotated (new batch b is old batch b + 1; old batch 0 goes last), per-batch lists
+    with them; None when a keyword tensor has a batch dimension (its rotation is not attempted here)."""
+    spec = case.spec
+    if any(isinstance(v, torch.Tensor) and v.dim() >= 2 and v.shape[0] == spec.batch for v in case.kwargs.values()):
+        return None
+    order = torch.roll(torch.arange(spec.batch), -1).to(case.q.device)
+    kw = dict(case.kwargs)
+    for f in _per_batch(spec):
+        kw[f.name] = [kw[f.name][b] for b in order.tolist()]
+    grad_out = None if case.grad_out is None else case.grad_out[order].contiguous()
+    return case.with_(name=f"{case.name}, batches rotated", q=case.q[order].contiguous(),
+                      k=case.k[order].contiguous(), v=case.v[order].contiguous(), grad_out=grad_out, kwargs=kw)
+
+
+def rotation_finding(failing_before: list[int], failing_after: list[int], nb: int) -> Finding | None:
+    """What rotating the batches says of "every batch fails except batch 0": the failure stays with the batch
+    positions (a batch offset), or follows the data (batch 0's data, now last, is still right)."""
+    if failing_after == failing_before:
+        return finding("batch_indexing", STRONG, "with the batches rotated (batch 0's data now last) batch 0 is still "
+                                                 "right and the others fail: the failure goes with the batch index, "
+                                                 "not with the data")
+    if failing_after == list(range(0, nb - 1)):
+        return finding(None, HINT, "with the batches rotated the failure follows the data of batches 1.. (batch "
+                                   "0's data, now last, is right): something in those batches' data, no batch offset")
+    return None
+
+
+def _batch_zero_set_apart(name, over, case, expected) -> bool:
+    """Whether something other than a batch offset explains that only batch 0 is right: batch 0 has no key
+    (nothing to get wrong), a per-batch feature gives it a value no failing batch has (kv_lens = Sk),
+    the failing rows are exactly the rows without a key, or the failing batches fail only in a few rows
+    (a batch offset makes a whole batch wrong; a few rows, or one head of two, in batch 1 are a coincidence)."""
+    spec = case.spec
+    rows = over if name == "lse" else over.any(-1)  # [B, heads, rows]
+    if any(float(rows[b].float().mean()) <= 0.5 for b in range(1, rows.shape[0])):
+        return True
+    for f in _per_batch(spec):
+        values = list(getattr(spec, f.name))
+        if values[0] not in values[1:]:
+            return True
+    if name in ("out", "lse", "dq") and expected.probabilities is not None:
+        has_keys = expected.probabilities.sum(-1) > 0  # [B, Hq, Sq]
+        if not bool(has_keys[0].any()) or not bool((rows & has_keys).any()):
+            return True
+    return False
 
 
 def _empty_row_finding(name, over, case) -> Finding:
@@ -208,8 +304,9 @@ def name_factor(c: float, case, within=0.01) -> str | None:
     return min(close)[1] if close else None
 
 
-def factor_finding(name: str, actual, reference, case) -> Finding | None:
-    """If ``actual`` is ``c * reference`` for a constant ``c != 1``, say so (and name ``c``)."""
+def constant_factor(actual, reference) -> float | None:
+    """``c`` when ``actual`` is ``c * reference`` for a constant ``c != 1`` (within 1% of the reference's norm,
+    and explaining nearly all of the difference), else None."""
     a, r = actual.detach().double().cpu(), reference.double()
     keep = torch.isfinite(r) & torch.isfinite(a)
     a, r = a[keep], r[keep]
@@ -217,10 +314,24 @@ def factor_finding(name: str, actual, reference, case) -> Finding | None:
     if not norm or not torch.isfinite(a).all():
         return None
     c = float((a * r).sum() / (r * r).sum())
-    if abs(c - 1) < 0.02 or float((a - c * r).norm()) > 0.01 * norm:
+    residual = float((a - c * r).norm())
+    if c == 0 or abs(c - 1) < 1e-3 or residual > 0.01 * norm or residual > 0.1 * float((a - r).norm()):
+        return None  # (c = 0: a zero result, no scaling)
+    return c
+
+
+def factor_finding(name: str, actual, reference, case, *, out_factor: float | None = None) -> Finding | None:
+    """If ``actual`` is ``c * reference`` for a constant ``c != 1``, say so (and name ``c``). ``out_factor``:
+    the output's own factor in the same case; a gradient with that factor inherits it from the output."""
+    c = constant_factor(actual, reference)
+    if c is None:
         return None
     label = name_factor(c, case)
     what = f"{name} = {c:.4g} x the reference" + (f" (= {label})" if label else "")
+    if name in ("dq", "dk", "dv") and out_factor is not None and abs(c / out_factor - 1) < 0.01:
+        return finding("output_scaled", PATTERN, f"{what}, as the output is: the gradients of c * out")
+    if name != "out" and abs(c - 1) < 0.02:
+        return None  # a gradient within 2% of a factor: rounding of a scale, not a missing one
     return finding(_factor_bug(name, label), STRONG if label else PATTERN, what)
 
 
@@ -230,7 +341,7 @@ def _factor_bug(name, label):
     if label in ("1-p", "1/(1-p)"):  # the forward's missing (or doubled) 1/(1-p), carried into the backward
         return "dropout_scaling"
     if name == "out":
-        return None
+        return "output_scaled"
     if label in ("Hq/Hkv", "Hkv/Hq") and name in ("dk", "dv"):
         return "gqa_backward_not_summed"
     return "gradient_scale"
@@ -267,24 +378,30 @@ def _mutants(case, backward: bool):
         kw0 = {**kw, **{f.name: [getattr(spec, f.name)[0]] * spec.batch for f in _per_batch(spec)}}
         yield ("batch_indexing", "every batch reads K and V of batch 0",
                lambda: _reference_of(q, k[first], v[first], grad_out, **kw0))
+        if kw0 != kw:
+            yield ("batch_indexing", "every batch reads K and V of batch 0 (with its own per-batch lengths)",
+                   lambda: _reference_of(q, k[first], v[first], grad_out, **kw))
         yield ("batch_indexing", "every batch reads Q, K and V of batch 0",
                lambda: _reference_of(q[first], k[first], v[first], grad_out, **kw0))
     if spec.causal and spec.len_q != spec.len_k:
         other = "top_left" if spec.causal == "bottom_right" else "bottom_right"
         yield ("causal_alignment", f"causal={other!r} was used instead of {spec.causal!r}",
                lambda: _reference_of(q, k, v, grad_out, **{**kw, "causal": other}))
-    if "scale" in kw:
-        yield ("scale_ignored", "the scale argument was ignored (1/sqrt(D) used)",
-               lambda: _reference_of(q, k, v, grad_out, **{**kw, "scale": None}))
-    if spec.kv_lens is not None:
-        yield ("kv_lens_ignored", "kv_lens was ignored",
-               lambda: _reference_of(q, k, v, grad_out, **{**kw, "kv_lens": None}))
+    for dropped in _droppable_subsets(kw):
+        bug = {("scale",): "scale_ignored", ("kv_lens",): "kv_lens_ignored"}.get(dropped, "keyword_ignored")
+        yield (bug, f"{_and(dropped)} {'was' if len(dropped) == 1 else 'were'} ignored",
+               functools.partial(_reference_of, q, k, v, grad_out, **{**kw, **dict.fromkeys(dropped)}))
+    if spec.kv_lens is not None and any(n < spec.len_k for n in spec.kv_lens):
+        longer = [min(n + 1, spec.len_k) for n in spec.kv_lens]
+        yield ("kv_lens_off_by_one", "batch b reads kv_lens[b] + 1 keys",
+               lambda: _reference_of(q, k, v, grad_out, **{**kw, "kv_lens": longer}))
     for f in _per_batch(spec) if spec.batch > 1 else ():
         rolled = [*getattr(spec, f.name)[1:], getattr(spec, f.name)[0]]
         if f.edge_bug is not None and rolled != list(getattr(spec, f.name)):
             yield (f.edge_bug[0], f"batch b was given {f.name} of batch b + 1",
                    functools.partial(_reference_of, q, k, v, grad_out, **{**kw, f.name: rolled}))
     yield from _score_state_mutants(spec, q, k, v, grad_out, kw)
+    yield from _prefix_after_kv_lens(spec, q, k, v, grad_out, kw)
     if _mask_free(kw) and all(kw.get(n) is None for n in ("bias", "alibi_slopes", "dropout_mask")):  # zero keys
         for block in COMMON_BLOCKS:  # appended would need bias and keep-mask columns, and move ALiBi's alignment
             if spec.len_k % block and spec.len_k > block // 2:
@@ -297,6 +414,24 @@ def _mutants(case, backward: bool):
                                               f"group only", _one_head_gradients(q, k, v, grad_out, kw, spec, pick))
 
 
+IGNORABLE = ("scale", "causal", "window", "softcap", "attn_mask", "kv_lens", "chunk_size", "prefix_lens", "sinks",
+             "alibi_slopes", "bias")  # keywords a kernel may take and then drop (dropout is judged by its own checks)
+MAX_DROPPED = 3
+
+
+def _droppable_subsets(kw):
+    """Every set of up to MAX_DROPPED of the case's active keywords a kernel could silently ignore."""
+    active = [n for n in IGNORABLE if kw.get(n) is not None and n in _ACTIVE_TEST and _ACTIVE_TEST[n](kw[n])]
+    return [c for size in range(1, min(MAX_DROPPED, len(active)) + 1) for c in itertools.combinations(active, size)]
+
+
+def _and(names) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + f" and {names[-1]}"
+
+
+_ACTIVE_TEST = {"scale": lambda value: True, **{f.name: f.active for f in FEATURES}}
+
+
 def _score_state_mutants(spec, q, k, v, grad_out, kw):
     """Mutants of sinks and ALiBi: the sink missing from lse only, ALiBi's sign or alignment wrong."""
     if spec.sinks is not None and bool(torch.isfinite(spec.sinks).any()):
@@ -307,18 +442,37 @@ def _score_state_mutants(spec, q, k, v, grad_out, kw):
                lambda: _reference_of(q, k, v, grad_out, **{**kw, "alibi_slopes": -kw["alibi_slopes"]}))
         if spec.len_q != spec.len_k or spec.kv_lens is not None:
             yield ("alibi_alignment", "ALiBi's distance is |i - j| (aligned top-left)",
-                   lambda: _reference_of(q, k, v, grad_out, **_top_left_alibi(spec, kw)))
+                   lambda: _reference_of(q, k, v, grad_out, **_aligned_alibi(spec, kw, spec.len_q)))
+        if spec.kv_lens is not None and any(n != spec.len_k for n in spec.kv_lens):
+            yield ("alibi_alignment", "ALiBi's distance is aligned with Sk, not kv_lens[b]",
+                   lambda: _reference_of(q, k, v, grad_out, **_aligned_alibi(spec, kw, spec.len_k)))
 
 
-def _top_left_alibi(spec, kw) -> dict:
-    """The keywords with ALiBi replaced by its top-left-aligned bias ``-slope |i - j|`` (added to any bias)."""
+def _aligned_alibi(spec, kw, len_k) -> dict:
+    """The keywords with ALiBi replaced by the bias ``-slope |i + len_k - Sq - j|`` of one key length for every
+    batch (``len_k = Sq``: top-left, ``|i - j|``), added to any bias."""
     from attnformal.features.alibi import alibi_bias
 
     i, j = torch.arange(spec.len_q)[:, None], torch.arange(spec.len_k)[None, :]
     slopes = spec.alibi_slopes.double().cpu()[:, :, None, None]
-    top_left = alibi_bias(i, j, slopes, spec.len_q, spec.len_q)  # len_k = len_q: the diagonal j = i
-    bias = top_left if kw.get("bias") is None else top_left + kw["bias"].double()
+    aligned = alibi_bias(i, j, slopes, spec.len_q, len_k)
+    bias = aligned if kw.get("bias") is None else aligned + kw["bias"].double()
     return {**kw, "alibi_slopes": None, "bias": bias}
+
+
+def _prefix_after_kv_lens(spec, q, k, v, grad_out, kw):
+    """The mutant whose prefix is ORed in after kv_lens (keys past kv_lens[b] inside the prefix are read), as an
+    explicit mask; only where some prefix is longer than its kv_lens and no ALiBi needs kv_lens's alignment."""
+    prefix, lengths = spec.prefix_lens, spec.kv_lens
+    if prefix is None or lengths is None or spec.alibi_slopes is not None or \
+            not any(p > n for p, n in zip(prefix, lengths)):
+        return
+    j = torch.arange(spec.len_k)
+    inside = torch.stack([j < min(p, spec.len_k) for p in prefix])[:, None, None, :]
+    mask = spec.allowed().cpu() | inside
+    dropped = dict.fromkeys(("causal", "window", "chunk_size", "kv_lens", "prefix_lens", "attn_mask"))
+    yield ("prefix_wrong", "the prefix is ORed in after kv_lens (keys past kv_lens[b] inside the prefix are read)",
+           lambda: _reference_of(q, k, v, grad_out, **{**kw, **dropped, "attn_mask": mask}))
 
 
 def _per_batch(spec: AttentionSpec):
@@ -354,20 +508,30 @@ def _one_head_gradients(q, k, v, grad_out, kw, spec, pick):
     return run
 
 
-def mutant_findings(case, observed, failing: dict[str, float], *, backward: bool) -> list[Finding]:
+def mutant_findings(case, observed, failing: dict[str, float], *, backward: bool,
+                    passing: dict[str, float] | None = None) -> list[Finding]:
     """Mutant problems whose reference explains the failing tensors far better than the true one.
 
     ``failing`` maps each failing tensor name to its largest error against the true reference;
     a mutant explains the result when its own largest error is below 5% of that for every
-    failing tensor.
+    failing tensor, and it does not contradict a tensor that passed (``passing``, the same errors):
+    there its error stays within 20 times the true reference's or 5% of the smallest failing error.
     """
+    passing = passing or {}
+    agree = min(failing.values(), default=0.0) * 0.05
     if not all(math.isfinite(e) for e in failing.values()):
         return []  # NaN or Inf in the result: no mutant's finite values can explain it
     found = []
     for bug, description, compute in _mutants(case, backward):
-        values = compute()
+        try:
+            values = compute()
+        except SpecError:  # the problem without that keyword does not exist (a prefix needs a causal mode)
+            continue
         if all(name in values and values[name].shape == observed.get(name).shape
-               and _max_error(observed.get(name), values[name]) <= 0.05 * error for name, error in failing.items()):
+               and _max_error(observed.get(name), values[name]) <= 0.05 * error for name, error in failing.items()) \
+                and all(_max_error(observed.get(name), values[name]) <= max(20 * error, agree)
+                        for name, error in passing.items() if name in values and observed.get(name) is not None
+                        and values[name].shape == observed.get(name).shape):
             found.append(finding(bug, STRONG, f"the result matches a problem where {description}"))
     return found
 
@@ -443,9 +607,21 @@ def support_findings(p_impl: torch.Tensor, case) -> tuple[list[str], list[Findin
     texts.append("violations by boundary: " + ", ".join(f"{k}: {v}" for k, v in counts.items() if v))
     if n >= 0.9 * total and edge != "elsewhere":
         bug = next(f.edge_bug[0] for f in FEATURES if f"{f.name} edge" == edge)
+        if edge == "kv_lens edge" and extra.any() and _one_past_the_length(extra, spec):
+            return texts, [finding("kv_lens_off_by_one", STRONG, f"the mask admits exactly one key past kv_lens[b] "
+                                                                 f"({n} positions), nowhere else")]
         how = "admits keys beyond" if extra.sum() >= missing.sum() else "drops the last keys inside"
         return texts, [finding(bug, STRONG, f"the mask {how} the {edge} ({n} positions), nowhere else")]
     return texts, [finding("mask_wrong", PATTERN, f"{texts[0]}, not next to one boundary")]
+
+
+def _one_past_the_length(extra, spec: AttentionSpec) -> bool:
+    """Whether every key a batch admits past its key length is the one key just past it."""
+    for b in range(spec.batch):
+        n = spec.geometry(b).len_k
+        if bool(extra[b][..., n + 1:].any()):
+            return False
+    return True
 
 
 def _edge_counts(extra, missing, spec: AttentionSpec) -> dict[str, int]:
@@ -504,27 +680,65 @@ def _edge_owners(i, g: MaskGeometry, owners: list[str], length: int):
 
 # ---------------------------------------------------------------- the verdict of a run
 
+# How one finding explains another in the same failing check. A DOMINANT class, once found in a check, explains
+# every other finding there (earlier entries explain later ones): a result of the wrong dtype is no result, and a
+# batch never written makes any probe of that batch fail somehow (a wrong mask, a race, a dropout rate). A GENERIC
+# class is a symptom that any specific class beside it explains; EXPLAINS lists the symptoms a class produces.
+DOMINANT = ("dtype_wrong", "batch_indexing")
+GENERIC = ("mask_wrong", "backward_wrong", "contract")  # backward_mask is specific: it names the mask
+EXPLAINS = {"output_scaled": ("gradient_scale",), "keyword_ignored": ("softcap_wrong",),
+            "prefix_wrong": ("kv_lens_ignored",),  # the keys past kv_lens a wrong prefix admits
+            "nan_output": ("nan_first_block", "nan_empty_rows", "mask_after_max", "unstable_softmax")}
+BACKWARD_CAUSES = ("gradient_scale", "backward_delta", "backward_mask", "gqa_backward_not_summed", "dropout_backward",
+                   "output_scaled", "nan_empty_rows")
+BREADTH = 0.2  # score per further failing check a class explains ...
+MAX_BREADTH = 7  # ... counted up to this many: breadth lifts a class by at most 1.4, less than two weight steps
+
+
+def explained_by(bug: str, present) -> str | None:
+    """The class among ``present`` (the classes found in the same check) that explains ``bug``, if any."""
+    for other in present:
+        if other == bug:
+            continue
+        if bug == "backward_wrong":  # found on a case whose forward is right: only a backward's cause explains it
+            if other in BACKWARD_CAUSES:
+                return other
+            continue
+        if other in DOMINANT and (bug not in DOMINANT or DOMINANT.index(other) < DOMINANT.index(bug)):
+            return other
+        if (bug in GENERIC and other not in GENERIC) or bug in EXPLAINS.get(other, ()):
+            return other
+    return None
+
+
 @dataclass
 class Ranked:
     bug: str
     title: str
     score: float
     evidence: list[str]
+    checks: list[str]  # the failing checks this class explains
 
 
 def summarise(results) -> list[Ranked]:
-    """Rank bug classes over every failing check: the strongest finding first, then how many agree."""
-    best: dict[str, Ranked] = {}
+    """Rank the bug classes that explain the failing checks: a class's strongest finding, lifted by how many
+    failing checks it explains (:data:`BREADTH`); a finding another one in its check explains
+    (:func:`explained_by`) counts for that one only."""
+    ranked: dict[str, Ranked] = {}
     weight: dict[str, float] = {}
     for result in results:
         if result.status != "FAIL":
             continue
+        present = list(dict.fromkeys(f.bug for f in result.findings if f.bug is not None))
         for f in result.findings:
-            if f.bug is None:
+            if f.bug is None or explained_by(f.bug, present):
                 continue
-            entry = best.setdefault(f.bug, Ranked(f.bug, BUG_CLASSES[f.bug].title, 0.0, []))
+            entry = ranked.setdefault(f.bug, Ranked(f.bug, BUG_CLASSES[f.bug].title, 0.0, [], []))
             weight[f.bug] = max(weight.get(f.bug, 0.0), f.weight)
             entry.evidence.append(f"{result.label}: {f.evidence}")
-    for bug, entry in best.items():
-        entry.score = weight[bug] + 0.01 * min(len(entry.evidence), 50)
-    return sorted(best.values(), key=lambda r: -r.score)
+            if result.label not in entry.checks:
+                entry.checks.append(result.label)
+    for bug, entry in ranked.items():
+        entry.score = weight[bug] + BREADTH * min(len(entry.checks) - 1, MAX_BREADTH) \
+            + 0.001 * min(len(entry.evidence), 50)
+    return sorted(ranked.values(), key=lambda r: -r.score)

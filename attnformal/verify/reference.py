@@ -245,9 +245,11 @@ def _term_sizes(spec, q, k, v, p, out, lse, grad_out) -> tuple[dict, dict]:
             rss["dbias"] = ds_sq.sum_to_size(shape).sqrt()
             abs_sum["dbias"] = ds_abs.sum_to_size(shape)
         if p_sink is not None:  # d sink = -sum_{b, i} p_sink D, D = rowsum(dO * out)
-            delta_terms = p_sink * (do.abs() * out.abs()).sum(-1) * (1 + lse.abs().nan_to_num(posinf=0.0))
+            # Its own accumulation: each term carries the rounding of out in the dtype (rss); p_sink = exp(sink - lse)
+            # carries lse's error, of lse's size, in the compute precision (abs_sum) -- not the dtype's.
+            delta_terms = p_sink * (do.abs() * out.abs()).sum(-1)
             rss["dsinks"] = (delta_terms * delta_terms).sum(dim=(0, 2)).sqrt()
-            abs_sum["dsinks"] = delta_terms.sum(dim=(0, 2))
+            abs_sum["dsinks"] = (delta_terms * (1 + lse.abs().nan_to_num(posinf=0.0))).sum(dim=(0, 2))
     return ({n: t.double() for n, t in rss.items()}, {n: t.double() for n, t in abs_sum.items()})
 
 

@@ -153,10 +153,30 @@ def _coverage(report: BatteryReport) -> str:
     if cov.get("regimes"):
         lines.append(f"shape regimes run: {len(cov['regimes'])} of {len(cov['regimes']) + len(cov['missing_regimes'])}"
                      + (f" (not run: {', '.join(cov['missing_regimes'])})" if cov["missing_regimes"] else ""))
+    lines += _matrix(cov.get("matrix") or {})
     if cov["thin"] and report.state == "complete":
         lines.append(f"WARNING: coverage is thin: {cov['run']} cases ran, {len(missing)} of the shape classes and "
                      "features above were not exercised; a PASS says little beyond them")
     return "\n".join(lines)
+
+
+def _matrix(matrix: dict) -> list[str]:
+    """The feature x check matrix, one line per feature: the checks it ran in, those where lse was judged with it
+    and those that took it through the backward (--json has the case counts)."""
+    if not matrix:
+        return []
+    lines = ["feature x check (cases; L: with lse judged, B: through the backward):"]
+    width = max(len(f) for f in matrix) + 2
+    for feature, checks in matrix.items():
+        cells = [f"{check} {row['cases']}" + ("L" if row["lse"] else "") + ("B" if row["backward"] else "")
+                 for check, row in checks.items()]
+        lse, backward = (sum(bool(row[p]) for row in checks.values()) for p in ("lse", "backward"))
+        lines.append(f"  {feature.ljust(width)}{len(checks)} checks, lse in {lse}, backward in {backward}: "
+                     + ", ".join(cells))
+    never = [f for f, checks in matrix.items() if not any(row["backward"] for row in checks.values())]
+    if never:
+        lines.append(f"  never through the backward: {', '.join(never)}")
+    return lines
 
 
 def _failures(report: BatteryReport) -> str:
@@ -184,13 +204,23 @@ def _diagnosis(report: BatteryReport) -> str:
     if not report.diagnosis:
         return "\nDiagnosis: no known bug class matches; see the localisation above.\n"
     top, *others = report.diagnosis
-    out = ["", "Diagnosis", "---------", f"most likely: {top.title} [{top.bug}]"]
+    out = ["", "Diagnosis", "---------", f"most likely: {top.title} [{top.bug}] ({_explains(report, top)})"]
     out += [f"    {e}" for e in top.evidence[:4]]
     if len(top.evidence) > 4:
         out.append(f"    ... and {len(top.evidence) - 4} more")
-    for other in others[:3]:
-        out.append(f"also consistent: {other.title} [{other.bug}] ({len(other.evidence)} findings)")
+    for other in others:  # every hypothesis that explains a failing check
+        out.append(f"also: {other.title} [{other.bug}] ({_explains(report, other)}; {len(other.evidence)} findings)")
+        out.append(f"    {other.evidence[0]}")
+    explained = {label for d in report.diagnosis for label in d.checks}
+    unexplained = [r.label for r in report.results if r.status == "FAIL" and r.label not in explained]
+    if unexplained:
+        out.append(f"no class explains: {', '.join(unexplained)} (see the localisation above)")
     return "\n".join(out)
+
+
+def _explains(report: BatteryReport, ranked) -> str:
+    failing = sum(r.status == "FAIL" for r in report.results)
+    return f"explains {len(ranked.checks)} of {failing} failing checks"
 
 
 def to_json(report: BatteryReport, *, results: bool = True) -> dict:
@@ -204,7 +234,7 @@ def to_json(report: BatteryReport, *, results: bool = True) -> dict:
         "machine": report.machine, "state": report.state, "seconds": report.seconds,
         "cpu_seconds": report.cpu_seconds, "verdict": verdict, "reasons": reasons, "passed": verdict == "PASS",
         "checks_planned": report.planned,
-        "diagnosis": [{"bug": d.bug, "title": d.title, "score": d.score, "evidence": d.evidence}
+        "diagnosis": [{"bug": d.bug, "title": d.title, "score": d.score, "evidence": d.evidence, "checks": d.checks}
                       for d in report.diagnosis],
         "capabilities": {d: (None if c is None else c.__dict__) for d, c in report.capabilities.items()},
         "coverage": report.coverage, "notes": report.notes,

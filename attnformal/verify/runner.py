@@ -25,8 +25,9 @@ from attnformal.verify import diagnosis
 from attnformal.verify.calls import LAID_OUT, ContractError, Observed, Unsupported, call, case_features
 from attnformal.verify.cases import Case, Shape, derive_seed, random_case
 from attnformal.verify.coverage import case_coverage, check_coverage
+from attnformal.features import mask_features
 from attnformal.verify.diagnosis import Finding, finding
-from attnformal.verify.reference import Expected, expected_for, naive_for
+from attnformal.verify.reference import PARAMETER_GRADIENTS, Expected, expected_for, naive_for
 from attnformal.verify.tolerances import LOW_PRECISION, judge
 
 
@@ -212,8 +213,7 @@ class CheckRun:
         except ContractError as err:
             self.records.append(CaseRecord(case, "FAIL", lse, backward, problems=[str(err)],
                                            features=case_features(case, lse=lse, backward=backward)))
-            bug = "input_mutation" if "in place" in str(err) else "contract"
-            self.find(bug, diagnosis.DEFINITIVE if bug == "input_mutation" else diagnosis.PATTERN, str(err))
+            self.find(*diagnosis.contract_finding(str(err), case))
         return None
 
     def expected(self, case: Case, *, backward=False) -> Expected:
@@ -306,6 +306,8 @@ def _conclude(settings: Settings, run: CheckRun, result: CheckResult):
     if result.status == "FAIL" and failed:
         worst = max(failed, key=lambda r: r.worst_ratio)
         _explain(settings, worst, result)
+        result.findings = list(dict.fromkeys(result.findings + _support_probe(run, worst)))
+        result.findings = _rotation_control(run, worst, result.findings)
     result.summary = _summary(result, failed, records)
 
 
@@ -349,10 +351,15 @@ def _explain(settings: Settings, worst: CaseRecord, result: CheckResult):
     result.details.insert(0, f"worst case: {worst.case.describe()} (seed {worst.case.seed})")
     failing = {c.name: c.max_abs for c in worst.comparisons if not c.passed and c.numel and c.name in LAID_OUT}
     padded = not worst.case.spec.packed  # localisation and mutants read [B, H, S, ...]; mask.packed names its own
+    out_factor = _output_factor(worst)
     for c in worst.comparisons:
         if c.passed:
             continue
         result.details.append(c.message())
+        if c.name in PARAMETER_GRADIENTS and worst.observed is not None and worst.observed.get(c.name) is not None:
+            factor = diagnosis.factor_finding(c.name, worst.observed.get(c.name), worst.expected.values[c.name],
+                                              worst.case)
+            result.findings += [factor] if factor is not None else []
         if c.name not in LAID_OUT or not padded:
             continue
         if c.ratio is not None and c.numel and worst.expected is not None:
@@ -361,14 +368,81 @@ def _explain(settings: Settings, worst: CaseRecord, result: CheckResult):
             result.findings += found
         if worst.observed is not None and worst.expected is not None:
             factor = diagnosis.factor_finding(c.name, worst.observed.get(c.name), worst.expected.values[c.name],
-                                              worst.case)
+                                              worst.case, out_factor=out_factor)
             if factor is not None:
                 result.findings.append(factor)
+            if c.name == "out":
+                nan = diagnosis.nan_output_finding(worst.observed.out, worst.expected, worst.case)
+                result.findings += [nan] if nan is not None else []
     if padded and failing and worst.observed is not None and _small_enough(worst.case):
-        result.findings += diagnosis.mutant_findings(worst.case, worst.observed, failing, backward=worst.backward)
+        passing = {c.name: c.max_abs for c in worst.comparisons if c.passed and c.numel and c.name in LAID_OUT}
+        result.findings += diagnosis.mutant_findings(worst.case, worst.observed, failing, backward=worst.backward,
+                                                     passing=passing)
     result.findings = list(dict.fromkeys(result.findings))
     result.error_map = error_map_data(worst, LAID_OUT)
     _save_reproducer(settings, worst, result)
+
+
+def _output_factor(worst: CaseRecord) -> float | None:
+    """The constant the worst case's output is off by (None: none, or the output is right)."""
+    out = next((c for c in worst.comparisons if c.name == "out"), None)
+    if out is None or out.passed or worst.observed is None or worst.expected is None:
+        return None
+    return diagnosis.constant_factor(worst.observed.out, worst.expected.values["out"])
+
+
+def _rotation_control(run: CheckRun, worst: CaseRecord, findings: list[Finding]) -> list[Finding]:
+    """Test a localised "every batch fails except batch 0" by rotating the batches: the finding is confirmed
+    (STRONG) when the failure stays with the batch positions, dropped when it follows the data."""
+    hint = next((f for f in findings if f.bug == "batch_indexing" and f.weight == diagnosis.PATTERN), None)
+    out = next((c for c in worst.comparisons if c.name == "out" and not c.passed and c.ratio is not None), None)
+    rotated = diagnosis.rotated_batches(worst.case) if hint is not None and out is not None else None
+    if rotated is None:
+        return findings
+    try:  # the case again first: a kernel whose failing batches change from call to call localises nothing
+        again, moved = (call(run.impl, c, lse=worst.lse, watch=run.watch) for c in (worst.case, rotated))
+    except (Unsupported, ContractError):
+        return findings
+    before = [b for b in range(worst.case.spec.batch) if bool((out.ratio[b] > 1).any())]
+    if _failing_batches(run, again, worst.expected, worst.case) != before:
+        return [f for f in findings if f is not hint]
+    failing = _failing_batches(run, moved, run.expected(rotated), rotated)
+    verdict = diagnosis.rotation_finding(before, failing, rotated.spec.batch)
+    if verdict is None:
+        return findings
+    return [f for f in findings if f is not hint] + [verdict]
+
+
+def _failing_batches(run: CheckRun, observed, expected, case) -> list[int]:
+    out = judge(run.settings.tolerance, "out", observed.out, expected, case.dtype)
+    return [b for b in range(case.spec.batch) if bool((out.ratio[b] > 1).any())]
+
+
+SUPPORT_PROBE_KEYS = 512  # V = I makes the value dim Sk: the probe runs up to this many keys
+
+
+def _support_probe(run: CheckRun, worst: CaseRecord) -> list[Finding]:
+    """The mask the implementation used on the worst failing case, read off its output with V = I (as
+    softmax.probabilities does): the boundary it gets wrong is then named in the failing check itself, so a
+    ``--fail-fast`` run that stops here keeps its diagnosis. Only for a masked, padded, forward case."""
+    case = worst.case
+    spec = case.spec
+    masked = any(f.active(case.kwargs.get(f.name)) for f in mask_features())
+    if not masked or spec.packed or spec.dropout_p > 0 or not 0 < spec.len_k <= SUPPORT_PROBE_KEYS \
+            or any(case.kwargs.get(n) is not None for n in ("bias", "sinks")) or not _small_enough(case) \
+            or spec.head_dim_v == spec.len_k or case.dtype == torch.float16:
+        return []  # (Dv = Sk: the case may itself be a V = I probe; float16 underflows small probabilities to 0;
+        # a sink given a value would read as a mask)
+    eye = torch.eye(spec.len_k, dtype=case.dtype, device=case.q.device)
+    probe = case.with_(v=eye.expand(spec.batch, spec.heads_kv, spec.len_k, spec.len_k).clone())
+    try:
+        observed = call(run.impl, probe, watch=run.watch)
+    except (Unsupported, ContractError):
+        return []
+    if not torch.isfinite(observed.out).all():
+        return []  # NaN rows say nothing about the mask; the checks of NaN name them
+    _, found = diagnosis.support_findings(observed.out.double(), probe)
+    return [f for f in found if f.bug != "mask_wrong"]  # a boundary named, or nothing: the checks say the rest
 
 
 def _small_enough(case) -> bool:

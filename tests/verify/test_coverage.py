@@ -71,3 +71,27 @@ def test_adaptation_keeps_the_point_of_a_case():
     assert caps.adapt(shape(2, 2, 2, 5, 1, 16), {}, keep=("len_k",)) == (shape(2, 2, 2, 5, 1, 16), {}, ())
     # A long sequence made square keeps about the same number of scores.
     assert caps.adapt(shape(1, 2, 2, 64, 8209, 64), {})[0].len_k == 768
+
+
+def test_the_feature_by_check_matrix_says_which_pairs_ran_with_lse_and_backward():
+    """Each (feature, check) pair that ran, with the cases that judged lse and went through the backward: the
+    new bwd.features takes chunk and prefix through both; a kernel refusing the backward leaves no B there."""
+    from attnformal.verify.report import to_json
+
+    checks = ("bwd.features", "mask.chunk")
+    report = run_battery(Settings(impl=zoo.attention, impl_name="zoo", dtypes=(torch.float32,), only=checks))
+    matrix = to_json(report)["coverage"]["matrix"]
+    assert matrix["chunk_size"]["bwd.features"]["lse"] >= 1 and matrix["chunk_size"]["bwd.features"]["backward"] >= 1
+    assert matrix["chunk_size"]["mask.chunk"]["backward"] == 0 and matrix["chunk_size"]["mask.chunk"]["cases"] >= 7
+    assert {"prefix_lens", "alibi_slopes", "kv_lens"} <= set(matrix)
+    assert "chunk_size" in render(report).split("feature x check")[1]
+
+    def forward_only(q, k, v, **kwargs):
+        if q.requires_grad:
+            raise NotImplementedError("no backward")
+        return zoo.attention(q, k, v, **kwargs)
+
+    refused = run_battery(Settings(impl=forward_only, impl_name="forward only", dtypes=(torch.float32,), only=checks))
+    matrix = to_json(refused)["coverage"]["matrix"]
+    assert all(row["backward"] == 0 for rows in matrix.values() for row in rows.values())
+    assert "never through the backward: " in render(refused)

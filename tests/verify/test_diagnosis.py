@@ -137,3 +137,106 @@ def test_an_implementation_that_does_not_take_a_feature_keyword_is_unsupported_n
         call(old_kernel, case)
     with pytest.raises(ContractError, match="raised TypeError: unsupported operand"):
         call(typo_kernel, case)
+
+
+# -- naming causes before symptoms (issue 25)
+
+def _failed(label, *findings):
+    return CheckResult(label, "float32", "FAIL", findings=[diagnosis.finding(*f) for f in findings])
+
+
+def test_a_batch_offset_explains_the_nondeterminism_and_mask_findings_of_its_checks():
+    """The Triton tutorial's batch offset: batches >= 1 never written. In the checks where the batch pattern is
+    found, the race and the wrong mask it causes are its symptoms, and it explains the most checks."""
+    ranked = diagnosis.summarise([
+        _failed("repeat", ("nondeterminism", diagnosis.DEFINITIVE, "calls differ"),
+                ("batch_indexing", diagnosis.STRONG, "batch 1 never written")),
+        _failed("probabilities", ("mask_wrong", diagnosis.PATTERN, "masked keys"),
+                ("batch_indexing", diagnosis.PATTERN, "all but batch 0")),
+        _failed("lengths", ("batch_indexing", diagnosis.PATTERN, "all but batch 0")),
+        _failed("bwd", ("backward_wrong", diagnosis.HINT, "forward right"),
+                ("batch_indexing", diagnosis.PATTERN, "all but batch 0")),
+    ])
+    assert [r.bug for r in ranked] == ["batch_indexing", "backward_wrong"]  # backward_wrong: its forward was right
+    assert ranked[0].checks == ["repeat[float32]", "probabilities[float32]", "lengths[float32]", "bwd[float32]"]
+
+
+def test_a_symptom_class_alone_still_counts_and_a_specific_class_explains_it():
+    ranked = diagnosis.summarise([_failed("a", ("mask_wrong", diagnosis.PATTERN, "x")),
+                                  _failed("b", ("mask_wrong", diagnosis.PATTERN, "y"),
+                                          ("causal_off_by_one", diagnosis.STRONG, "z"))])
+    assert [(r.bug, r.checks) for r in ranked] == [("causal_off_by_one", ["b[float32]"]),
+                                                   ("mask_wrong", ["a[float32]"])]
+
+
+def _over_batches(case, failing_rows):
+    """``over`` for ``out``: every element of the given (batch, rows) pairs fails."""
+    s = case.spec
+    over = torch.zeros(s.batch, s.heads_q, s.len_q, s.head_dim_v, dtype=torch.bool)
+    for b, rows in failing_rows.items():
+        over[b, :, rows] = True
+    return over
+
+
+def _batch_bugs(case, over):
+    _, found = diagnosis.localise("out", over, case, expected_for(case, backward=False))
+    return [f.bug for f in found if f.bug == "batch_indexing"]
+
+
+def test_all_but_batch_zero_is_a_batch_pattern_only_when_nothing_else_sets_batch_zero_apart():
+    plain = case_of(shape(3, 2, 2, 10, 12, 8))
+    assert _batch_bugs(plain, _over_batches(plain, {1: slice(None), 2: slice(None)})) == ["batch_indexing"]
+    # a few rows that happen to sit in batches 1 and 2: a coincidence
+    assert _batch_bugs(plain, _over_batches(plain, {1: [3], 2: [4]})) == []
+    # batch 0 has kv_lens = Sk and the others not: the key length explains it
+    lengths = case_of(shape(3, 2, 2, 10, 12, 8), kv_lens=[12, 5, 7])
+    assert _batch_bugs(lengths, _over_batches(lengths, {1: slice(None), 2: slice(None)})) == []
+    # batch 0 has no key: right by doing nothing
+    keyless = case_of(shape(3, 2, 2, 10, 12, 8), kv_lens=[0, 5, 0])
+    assert _batch_bugs(keyless, _over_batches(keyless, {1: slice(None), 2: slice(None)})) == []
+
+
+def test_rotating_the_batches_confirms_or_refutes_a_batch_pattern():
+    assert diagnosis.rotation_finding([1, 2], [1, 2], 3).bug == "batch_indexing"  # stays with the index
+    assert diagnosis.rotation_finding([1, 2], [0, 1], 3).bug is None  # follows the data
+    rotated = diagnosis.rotated_batches(case_of(shape(3, 2, 2, 4, 6, 8), kv_lens=[6, 2, 4]))
+    assert rotated.kwargs["kv_lens"] == [2, 4, 6]
+
+
+def test_a_uniformly_scaled_output_is_named_and_its_gradients_inherit_the_factor():
+    case = case_of(shape(1, 2, 2, 8, 8, 8))
+    r = torch.randn(1, 2, 8, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    out = diagnosis.factor_finding("out", r * 1.02, r, case)
+    assert out.bug == "output_scaled" and "1.02" in out.evidence
+    assert diagnosis.factor_finding("dq", r * 1.02, r, case, out_factor=1.02).bug == "output_scaled"
+    assert diagnosis.factor_finding("dq", r * 4, r, case, out_factor=1.02).bug == "gradient_scale"
+    assert diagnosis.factor_finding("out", r + 0.02, r, case) is None  # not proportional: no factor
+
+
+def test_a_wrong_dtype_is_named_as_such():
+    case = case_of(shape(1, 2, 2, 4, 4, 8))
+    bug, weight, text = diagnosis.contract_finding("out has dtype torch.float32, expected torch.bfloat16", case)
+    assert (bug, weight) == ("dtype_wrong", diagnosis.DEFINITIVE)
+    assert text.startswith("wrong dtype: expected bfloat16, got float32")
+    assert diagnosis.contract_finding("out has shape [1], expected [2]", case)[0] == "contract"
+
+
+def test_nan_everywhere_is_named_but_nan_on_large_scores_is_left_to_the_overflow_checks():
+    case = case_of(shape(1, 2, 2, 6, 9, 8))
+    expected = expected_for(case, backward=False)
+    nan = torch.full_like(expected.values["out"], math.nan)
+    assert diagnosis.nan_output_finding(nan, expected, case).bug == "nan_output"
+    assert diagnosis.nan_output_finding(expected.values["out"], expected, case) is None
+    loud = case.with_(q=case.q * 100)
+    assert diagnosis.nan_output_finding(nan, expected_for(loud, backward=False), loud) is None
+
+
+def test_an_ignored_keyword_is_named_by_its_mutant_and_a_right_result_by_none():
+    case = case_of(shape(2, 2, 2, 12, 20, 8), window=(3, 1), softcap=4.0)
+    no_window = attention_oracle(case.q, case.k, case.v, softcap=4.0)
+    failing = {"out": float((no_window - attention_oracle(case.q, case.k, case.v, **case.kwargs)).abs().max())}
+    found = diagnosis.mutant_findings(case, Observed(no_window), failing, backward=False)
+    assert [f.evidence for f in found if f.bug == "keyword_ignored"] == [
+        "the result matches a problem where window was ignored"]
+    right = Observed(attention_oracle(case.q, case.k, case.v, **case.kwargs))
+    assert diagnosis.mutant_findings(case, right, {"out": 1e-3}, backward=False) == []

@@ -102,3 +102,14 @@ def ref_mask(q, k):
     from attnformal.spec import AttentionSpec
 
     return AttentionSpec.from_inputs(q, k, k, causal="bottom_right").allowed()
+
+
+def test_an_all_nan_result_does_not_read_as_a_mean_difference_of_zero():
+    r = torch.randn(1, 2, 4, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    message = compare_attention(torch.full_like(r, math.nan), r, dtype=torch.float32).message()
+    assert "mean absolute / relative difference: undefined (every element is NaN/Inf)" in message
+    assert "/ 0\n" not in message and "/ 0 " not in message
+    half = r.clone()
+    half[0, 0] = math.nan  # half NaN: the means are over the finite half, and say so
+    message = compare_attention(half, r, dtype=torch.float32).message()
+    assert "over the 32 finite elements" in message and "(32 NaN/Inf left out)" in message

@@ -67,3 +67,22 @@ def test_a_first_block_masked_nan_is_caught_in_bf16_and_fp16_by_the_masks_across
     assert failed == {f"{check}[{dtype}]" for check in ("mask.across_blocks", "bwd.masks", "regimes.sweep")
                       for dtype in ("bfloat16", "float16")}, render(report)
     assert report.diagnosis[0].bug == "nan_first_block", render(report)
+
+
+@pytest.mark.parametrize("specimen", [s for s in zoo.ZOO if s.fail_fast], ids=lambda s: s.bug)
+def test_fail_fast_keeps_the_diagnosis(specimen):
+    """--fail-fast stops at the first failing check: the evidence that names the class is gathered there
+    (localisation, mutants, the V = I probe of the mask the kernel used, the batch rotation control)."""
+    report = battery_for(specimen, fail_fast=True)
+    assert report.stopped_early and report.count("FAIL") == 1, render(report)
+    top = report.diagnosis[0].bug if report.diagnosis else None
+    assert top == specimen.diagnosis, f"{specimen.bug} with --fail-fast: diagnosed {top}\n" + render(report)
+
+
+def test_fail_fast_loses_the_class_of_only_the_specimens_marked_so():
+    """The marks are honest: each specimen marked fail_fast=False really loses its class with --fail-fast
+    (its naming evidence comes from a later check), so the mark is not a way to skip a passing test."""
+    for specimen in (s for s in zoo.ZOO if not s.fail_fast):
+        report = battery_for(specimen, fail_fast=True)
+        top = report.diagnosis[0].bug if report.diagnosis else None
+        assert top != specimen.diagnosis, f"{specimen.bug} is named with --fail-fast: drop its fail_fast=False mark"

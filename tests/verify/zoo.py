@@ -34,14 +34,15 @@ class Specimen:
     diagnosis: str  # the attnformal.verify.diagnosis.BUG_CLASSES id the battery must rank first
     description: str
     dtype: str = "float32"  # the dtype the bug shows in
+    fail_fast: bool = True  # --fail-fast (the first failing check alone) still names the class first
 
 
 ZOO = [
-    Specimen("acc_not_rescaled", "acc_not_rescaled", "the accumulator is not rescaled by alpha"),
-    Specimen("denominator_not_rescaled", "denominator_not_rescaled", "l is not rescaled by alpha"),
+    Specimen("acc_not_rescaled", "acc_not_rescaled", "the accumulator is not rescaled by alpha", fail_fast=False),
+    Specimen("denominator_not_rescaled", "denominator_not_rescaled", "l is not rescaled by alpha", fail_fast=False),
     Specimen("mask_after_max", "mask_after_max", "the row max is taken before masking"),
-    Specimen("finite_fill", "finite_mask_fill", "masked scores are filled with -1e4"),
-    Specimen("nan_empty_rows", "nan_empty_rows", "out = acc / l without a guard for l = 0"),
+    Specimen("finite_fill", "finite_mask_fill", "masked scores are filled with -1e4", fail_fast=False),
+    Specimen("nan_empty_rows", "nan_empty_rows", "out = acc / l without a guard for l = 0", fail_fast=False),
     Specimen("ragged_block", "ragged_block", "the last key block is padded with zero keys and not masked"),
     Specimen("causal_alignment", "causal_alignment", "bottom-right causal computed as top-left"),
     Specimen("causal_off_by_one", "causal_off_by_one", "causal admits key i + 1"),
@@ -53,7 +54,7 @@ ZOO = [
     Specimen("dropout_scaling", "dropout_scaling", "kept values not divided by 1 - p"),
     Specimen("dropout_backward", "dropout_backward", "the backward ignores the dropout mask"),
     Specimen("batch0", "batch_indexing", "every batch reads K and V of batch 0"),
-    Specimen("backward_delta", "backward_delta", "D = rowsum(dO) instead of rowsum(dO * O)"),
+    Specimen("backward_delta", "backward_delta", "D = rowsum(dO) instead of rowsum(dO * O)", fail_fast=False),
     # beyond the issue's list
     Specimen("scale_ignored", "scale_ignored", "the scale argument is ignored (1/sqrt(D) always)"),
     Specimen("kv_lens_ignored", "kv_lens_ignored", "kv_lens is ignored"),
@@ -68,16 +69,18 @@ ZOO = [
     Specimen("dropout_rate", "dropout_rate", "keeps with probability p instead of 1 - p"),
     Specimen("lse_without_max", "lse_wrong", "lse = log(l), the running max forgotten"),
     Specimen("low_precision", "low_precision_accumulation", "m, l and acc kept in the input dtype",
-             dtype="bfloat16"),
-    Specimen("no_max_subtraction", "unstable_softmax", "exp(s) without subtracting the running max"),
+             dtype="bfloat16", fail_fast=False),
+    Specimen("no_max_subtraction", "unstable_softmax", "exp(s) without subtracting the running max", fail_fast=False),
     Specimen("softcap_before_scale", "softcap_wrong", "softcap applied to the unscaled scores"),
-    Specimen("race", "nondeterminism", "each call loses one random key block of one head (a lost update)"),
+    Specimen("race", "nondeterminism", "each call loses one random key block of one head (a lost update)",
+             fail_fast=False),
     Specimen("one_head_scale", "head_specific", "head 0 uses a scale 1.6% too large", dtype="bfloat16"),
     # flash_attn_triton.py's bug: 128-key blocks, exp(s - m) unguarded while m = -inf
     Specimen("first_block_nan", "nan_first_block", "NaN for a row whose first 128 keys are all masked although "
              "later keys are allowed (rows with no key at all are handled)", dtype="float16"),
     # sinks and ALiBi (issue 12)
-    Specimen("sink_not_in_lse", "sink_not_in_lse", "lse leaves the sink out (the output is normalised with it)"),
+    Specimen("sink_not_in_lse", "sink_not_in_lse", "lse leaves the sink out (the output is normalised with it)",
+             fail_fast=False),
     Specimen("sink_value", "sink_value", "the sink enters the accumulator with value 1"),
     Specimen("alibi_sign", "alibi_sign", "ALiBi adds +slope * |distance|"),
     Specimen("alibi_top_left", "alibi_alignment", "ALiBi's distance is |i - j| (top-left), not bottom-right"),
@@ -90,9 +93,29 @@ ZOO = [
              "dropout"),
     Specimen("ragged_tail_rows", "ragged_block", "refuses lengths that are not multiples of 16, and never writes "
              "the query rows past the last multiple of 64 (triton-ascend tutorial)"),
+    # the diagnosis mistakes of issue 25: each must be named by its cause, not by a symptom
+    Specimen("batch_offset", "batch_indexing", "the Triton tutorial's batch offset bug (batches >= 1 are never "
+             "written: whatever the memory held) and a non-causal backward that applies the causal mask"),
+    Specimen("drops_window_softcap", "keyword_ignored", "window and softcap are accepted but ignored"),
+    Specimen("ignores_causal_mask_scale", "keyword_ignored", "causal, attn_mask and scale are accepted but ignored"),
+    Specimen("out_scaled", "output_scaled", "the output is 1.02 x the right one (and so are the gradients)"),
+    Specimen("wrong_dtype", "dtype_wrong", "the output comes back in float32 for bfloat16 inputs",
+             dtype="bfloat16"),
+    Specimen("all_nan", "nan_output", "every output is NaN (the accumulator starts as NaN)"),
+    # features through every path (issue 25): bugs that only a backward, an lse or an unusual combination shows
+    Specimen("alibi_sk_aligned", "alibi_alignment", "ALiBi's distance is aligned with Sk, not kv_lens[b]"),
+    Specimen("bwd_no_chunk", "backward_mask", "the backward recomputes P without the chunk mask (FA2-style)"),
+    Specimen("bwd_no_prefix", "backward_mask", "the backward recomputes P without the prefix"),
+    Specimen("prefix_after_kv_lens", "prefix_wrong", "the prefix is ORed in after kv_lens: keys past kv_lens[b] "
+             "inside the prefix are read"),
+    Specimen("dsinks_scaled", "gradient_scale", "d sinks is 1.2 x the right one", dtype="bfloat16"),
+    Specimen("sink_value_mean_v", "sink_value", "the sink carries the mean of V as its value (0 when V = 0)"),
+    Specimen("kv_lens_off_by_one", "kv_lens_off_by_one", "kv_lens[b] admits one key too many (j <= kv_lens[b]): "
+             "only batches shorter than Sk fail, batch 0 often not"),
 ]
 
 _RACE = torch.Generator().manual_seed(0)  # the "race" specimen's lost update: a different block each call
+_UNWRITTEN = torch.Generator().manual_seed(1)  # what memory the "batch_offset" specimen never writes holds
 
 
 def specimen_impl(bug: str):
@@ -130,8 +153,22 @@ def attention(q, k, v, *, scale=None, causal=None, window=None, attn_mask=None, 
         spec = spec.replace(scale=1.0)
     if bug == "scale_ignored":
         spec = spec.replace(scale=1.0 / math.sqrt(spec.head_dim))
+    spec = _dropped_keywords(spec, bug)
     out, lse = _Flash.apply(q, k, v, sinks, bias, spec, _keep_weights(spec, q, bug), bug)
+    if bug == "out_scaled":
+        out = out * 1.02
+    elif bug == "wrong_dtype" and q.dtype != torch.float32:
+        out = out.float()
     return (out, lse) if return_lse else out
+
+
+def _dropped_keywords(spec, bug):
+    """The keywords a kernel takes and then ignores."""
+    if bug == "drops_window_softcap":
+        return spec.replace(window=None, softcap=None)
+    if bug == "ignores_causal_mask_scale":
+        return spec.replace(causal=None, attn_mask=None, scale=1.0 / math.sqrt(spec.head_dim))
+    return spec
 
 
 def _read_with(t, stride):
@@ -194,6 +231,8 @@ def _allowed(spec, bug, width, device):
         n = spec.len_k if spec.kv_lens is None or bug == "kv_lens_ignored" else spec.kv_lens[b]
         offset = n - spec.len_q
         ok = torch.ones(spec.len_q, width, dtype=torch.bool, device=device)
+        if bug == "kv_lens_off_by_one" and n < spec.len_k:
+            n += 1
         if bug != "ragged_block" or spec.kv_lens is not None:
             ok &= j < n
         extra = 1 if bug == "causal_off_by_one" else 0
@@ -203,6 +242,8 @@ def _allowed(spec, bug, width, device):
             ok &= (j <= i + extra) | (j < prefix)
         elif spec.causal == "bottom_right":
             ok &= (j <= i + offset + extra) | (j < prefix)
+        if bug == "prefix_after_kv_lens":
+            ok |= j < min(prefix, spec.len_k)  # the prefix wins over the key length
         if spec.window is not None:
             left, right = spec.window
             if left >= 0:
@@ -243,7 +284,8 @@ def _bias(spec, bug, cols, width):
     if spec.alibi_slopes is not None:
         i = torch.arange(spec.len_q)[:, None]
         j = torch.arange(cols.start, cols.start + width)[None, :]
-        n = torch.tensor(spec.kv_lens if spec.kv_lens is not None else [spec.len_k] * spec.batch)[:, None, None, None]
+        lengths = spec.kv_lens if spec.kv_lens is not None and bug != "alibi_sk_aligned" else [spec.len_k] * spec.batch
+        n = torch.tensor(lengths)[:, None, None, None]
         distance = (i - j).abs() if bug == "alibi_top_left" else (i + n - spec.len_q - j).abs()
         sign = 1.0 if bug == "alibi_sign" else -1.0
         total = sign * spec.alibi_slopes.double().cpu()[:, :, None, None] * distance
@@ -267,12 +309,14 @@ def _forward(spec, weights, bug, q, k, v):
     rows = (spec.batch, spec.heads_q, spec.len_q, 1)
     m = torch.full(rows, -math.inf, dtype=cd, device=q.device)
     l = torch.zeros(rows, dtype=cd, device=q.device)
-    acc = torch.zeros(*rows[:3], spec.head_dim_v, dtype=cd, device=q.device)
+    acc = torch.full((*rows[:3], spec.head_dim_v), math.nan if bug == "all_nan" else 0.0, dtype=cd, device=q.device)
     sink = _sink_logits(spec, cd, q.device)
     if sink is not None:  # the sink is the first "key": score sink, value 0 (1 for the sink_value bug)
         m = sink.expand(rows).clone()
         l = torch.where(torch.isfinite(m), 1.0, 0.0).to(cd)
         acc = acc + (l if bug == "sink_value" else 0.0)
+        if bug == "sink_value_mean_v":
+            acc = acc + l * v.mean(2, keepdim=True)
     lost = _lost_update(spec, width) if bug == "race" else None
     split_kv_dropout = bug == "split_kv_dropout" and spec.len_q <= SPLIT_KV_ROWS and width > SPLIT_KV_BLOCKS * BLOCK_N
     for start in range(0, width, block_n):
@@ -303,7 +347,10 @@ def _forward(spec, weights, bug, q, k, v):
     has_terms = allowed.any(-1, keepdim=True)  # a key, or a finite sink, in the denominator
     if sink is not None:
         has_terms = has_terms | torch.isfinite(sink)
-    return _finalize(m, l, acc, bug, q.dtype, has_terms, sink)
+    out, lse, reported = _finalize(m, l, acc, bug, q.dtype, has_terms, sink)
+    if bug == "batch_offset" and spec.batch > 1:  # batches >= 1 are written past the output: never here
+        out[1:] = torch.randn(out[1:].shape, generator=_UNWRITTEN, dtype=out.dtype).to(out.device) * 10
+    return out, lse, reported
 
 
 def _sink_logits(spec, dtype, device):
@@ -350,7 +397,7 @@ def _backward(spec, weights, bug, q, k, v, out, lse, dout):
         t = torch.tanh(s / spec.softcap)
         s, slope = spec.softcap * t, 1 - t * t
     s = s + _bias(spec, bug, slice(0, spec.len_k), spec.len_k).to(s)
-    allowed = _allowed(spec, bug, spec.len_k, q.device)
+    allowed = _allowed(_backward_spec(spec, bug), bug, spec.len_k, q.device)
     p = torch.where(allowed, torch.exp(s - torch.where(lse == -math.inf, 0.0, lse.to(cd))[..., None]), 0.0)
     w = 1.0 if weights is None or bug == "dropout_backward" else weights.to(cd)
     dv_heads = (p * w).transpose(-1, -2) @ dout
@@ -365,8 +412,19 @@ def _backward(spec, weights, bug, q, k, v, out, lse, dout):
     dsinks = None
     if sink is not None:  # d sink = -sum_{b, i} exp(sink - lse) D
         p_sink = torch.where(torch.isfinite(sink[..., 0]), torch.exp(sink[..., 0] - lse.to(cd)), 0.0)
-        dsinks = -(p_sink * delta[..., 0]).sum(dim=(0, 2))
+        dsinks = -(p_sink * delta[..., 0]).sum(dim=(0, 2)) * (1.2 if bug == "dsinks_scaled" else 1.0)
     return dq, dk, dv, dsinks, None if spec.bias is None else dbias.sum_to_size(spec.bias.shape)
+
+
+def _backward_spec(spec, bug):
+    """The problem the backward recomputes P for (the forward's, but for these specimens)."""
+    if bug == "batch_offset" and not spec.causal:
+        return spec.replace(causal="top_left")  # the tutorial's backward always applies its causal mask
+    if bug == "bwd_no_chunk":
+        return spec.replace(chunk_size=None)
+    if bug == "bwd_no_prefix":
+        return spec.replace(prefix_lens=None)
+    return spec
 
 
 def _to_kv_heads(per_head, spec, heads, batches, bug):

@@ -21,7 +21,8 @@ import torch
 from attnformal.testing import compare_attention, tolerance_for
 from attnformal.verify.cases import generator, randn, random_case, shape
 from attnformal.verify.checks import check
-from attnformal.verify.diagnosis import STRONG
+from attnformal.spec import SpecError
+from attnformal.verify.diagnosis import PATTERN, STRONG
 
 
 def _case(run, name, sh, *, grad=False, tensors=None, **kw):
@@ -83,6 +84,23 @@ def sink_closed_forms(run):
         run.find("sink_value", STRONG, f"with every value 0 the output reaches {largest:.3g}, not 0: the sink "
                                        "carries a value into the output")
 
+    # V = 1: out = 1 - p_sink, which a sink value proportional to V (invisible at V = 0) moves
+    ones = zero.with_(name="every value 1", v=torch.ones_like(zero.v))
+    record = run.against_reference(ones, lse=True)
+    if record is not None and record.status == "FAIL" and record.comparisons[1].passed \
+            and _passes_without_sinks(run, ones):
+        run.find("sink_value", STRONG, "with every value 1 the output is not 1 - exp(sink - lse) while lse is right, "
+                                       "and without the sinks it is 1: the sink carries a value (one that scales "
+                                       "with V)")
+
+
+def _passes_without_sinks(run, case) -> bool:
+    """The control twin of a failing sinks case: every sink -inf (no sink) passes."""
+    none = torch.full_like(case.kwargs["sinks"], -math.inf)
+    twin = case.with_(name=f"{case.name}, sinks -inf", kwargs={**case.kwargs, "sinks": none}, role="control")
+    record = run.against_reference(twin)
+    return record is not None and record.status == "pass"
+
 
 # -- against the reference
 
@@ -94,8 +112,12 @@ def sinks(run):
                          ("sinks + causal + kv_lens", shape(2, 4, 2, 40, 30, 32),
                           {"causal": "top_left", "kv_lens": [30, 7]}),
                          ("sinks + window", shape(1, 2, 2, 64, 64, 32), {"window": (8, 0)})]:
-        run.against_reference(_case(run, name, sh, tensors=lambda sh, gen: {"sinks": sink_logits(sh, gen)}, **kw),
-                              lse=True)
+        record = run.against_reference(_case(run, name, sh, tensors=lambda sh, gen: {"sinks": sink_logits(sh, gen)},
+                                             **kw), lse=True)
+        if record is not None and record.status == "FAIL" and record.comparisons[1].passed \
+                and _passes_without_sinks(run, record.case):
+            run.find("sink_value", PATTERN, f"{name}: lse is right but out is not, and without the sinks out is "
+                                            "right: the sink adds something to the accumulator")
 
 
 @check("fwd.alibi")
@@ -140,6 +162,58 @@ def gradients(run):
                           "bias": randn(gen, sh.batch, 1, sh.len_q, sh.len_k)}),
     ]:
         run.against_reference(_case(run, name, sh, grad=True, tensors=tensors, **kw), backward=True)
+
+
+FEATURE_BACKWARD_CASES = [  # (name, shape, keywords, keyword tensors): each feature through lse and the backward
+    ("chunk 9 + causal", shape(2, 2, 2, 40, 57, 32), {"chunk_size": 9, "causal": "bottom_right"}, None),
+    ("prefix [30, 12] + causal, batch 0's prefix past its kv_lens [20, 57]", shape(2, 2, 2, 40, 57, 32),
+     {"prefix_lens": [30, 12], "kv_lens": [20, 57], "causal": "bottom_right"}, None),
+    ("alibi [B, Hq] + kv_lens, not causal", shape(2, 4, 2, 30, 45, 32), {"kv_lens": [45, 17]},
+     lambda sh, gen: {"alibi_slopes": alibi_slopes_for(sh, gen, True)}),
+    ("alibi + causal (lse)", shape(2, 2, 2, 33, 47, 32), {"causal": "bottom_right"},
+     lambda sh, gen: {"alibi_slopes": alibi_slopes_for(sh, gen)}),
+]
+FULL_FEATURE_BACKWARD_CASES = [  # full adds these (sinks and bias have their backward in bwd.sinks_alibi_bias)
+    ("sinks + chunk 16 + kv_lens", shape(2, 2, 2, 40, 57, 32), {"chunk_size": 16, "kv_lens": [57, 30]},
+     lambda sh, gen: {"sinks": sink_logits(sh, gen)}),
+    ("bias [B, Hq, Sq, Sk] + window + kv_lens", shape(2, 2, 2, 33, 47, 32), {"window": (9, 3), "kv_lens": [47, 25]},
+     lambda sh, gen: {"bias": randn(gen, sh.batch, sh.heads_q, sh.len_q, sh.len_k)}),
+]
+MASK_KEYWORDS = ("chunk_size", "prefix_lens", "window", "kv_lens", "causal")  # what a backward may forget to apply
+
+
+@check("bwd.features")
+def features(run):
+    """Each feature through lse and the backward: chunk, a prefix longer than kv_lens, ALiBi with kv_lens and not
+    causal, ALiBi with causal (full: sinks, bias with masks); a mask the backward forgets is named by its twin."""
+    lse = run.caps is None or not run.caps.refuses("lse")  # a kernel without lse still has its backward judged
+    for name, sh, kw, tensors in FEATURE_BACKWARD_CASES + run.pick([], FULL_FEATURE_BACKWARD_CASES):
+        case = _case(run, name, sh, grad=True, tensors=tensors, **kw)
+        record = run.against_reference(case, lse=lse, backward=True)
+        if record is not None and record.status == "FAIL" and all(c.passed for c in record.comparisons
+                                                                  if c.name in ("out", "lse")):
+            _forgotten_in_backward(run, record)
+
+
+def _forgotten_in_backward(run, record):
+    """Out (and lse) are right, a gradient is not: the mask keyword whose removal makes the gradients right too
+    is one the backward does not apply (it recomputes P without it)."""
+    case = record.case
+    for keyword in MASK_KEYWORDS:
+        if case.kwargs.get(keyword) is None:
+            continue
+        twin = case.with_(name=f"{case.name}, without {keyword}",
+                          kwargs={k: v for k, v in case.kwargs.items() if k != keyword}).with_(role="control")
+        try:
+            twin.spec  # noqa: B018 -- a prefix needs a causal mode: some twins do not exist
+        except SpecError:
+            continue
+        control = run.against_reference(twin, backward=True)
+        if control is not None and control.status == "pass":
+            run.find("backward_mask", STRONG, f"{case.name}: out and lse are right, the gradients are not, and "
+                                              f"without {keyword} they are: the backward recomputes P without it")
+            return
+    run.find("backward_wrong", PATTERN, f"{case.name}: out and lse are right, the gradients are not")
 
 
 # -- relations of the implementation with itself

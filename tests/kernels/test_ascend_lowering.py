@@ -34,8 +34,8 @@ EDITS = [
      "plain/float32/16x16", "input_precision == tf32 or tf32x3 is invalid"),
     # A GPU idiom, clamping masked-off pointers to the base with tl.where: triton-adapter-opt aborts.
     ("pointer_select",
-     "flags = tl.load(base + rows[:, None] * stride_i + cols[None, :] * stride_j, mask=inside, other=0)",
-     "flags = tl.load(tl.where(inside, base + rows[:, None] * stride_i + cols[None, :] * stride_j, base))",
+     "flags = tl.load(base + offsets, mask=inside, other=0)",
+     "flags = tl.load(tl.where(inside, base + offsets, base))",
      "mask_full/float16/16x16", "ttadapter (triton-adapter-opt) failed"),
     # PTX inline assembly on a row vector: triton-adapter-opt passes it through (on a 2-D tile it
     # aborts), so the gate's own CUDA-only check must catch it.

@@ -4,7 +4,7 @@ Runs every obligation of :mod:`attnformal.proofs` on the spec's own definitions 
 line per obligation (tool, checks, status, time), then the negative controls -- deliberately
 broken definitions that must each be refuted with a printed counterexample. The exit code is 0
 only if every obligation is proved (or, for its parts that are checked exhaustively on a stated
-bounded domain, checked) and every control refuted; ``unknown`` (a solver timeout) is never
+bounded domain, checked) and every control refuted; ``unknown`` (a budget that ran out) is never
 proved. ``--report`` writes each theorem with the hypotheses, axioms and lemmas it rests on, the
 commit and tool versions, and what is trusted rather than proved.
 

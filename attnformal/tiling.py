@@ -797,46 +797,67 @@ def each_check(tiling: KernelTiling, family: MaskFamily, budget: Budget, names=N
         query = Query(claim, s.hypotheses(*extra), {**s.shape(), **shown}, case=f"{family.name}")
         proof = check_z3(f"[{family.name}] {name}: {theorem}", [query], budget=budget, keep_model=True)
         if proof.status == REFUTED:
-            smallest = _smallest_counterexample(query, s, budget)
+            smallest, shortfall = _smallest_counterexample(query, s, budget)
             if smallest is not None:
                 proof = proof.but(countermodel=render(smallest, query.show), model=smallest)
+            if shortfall:  # still a counterexample (the solver's own model, or a smaller one): only not the least
+                proof = proof.but(detail="; ".join(filter(None, (proof.detail, f"not shown to be the smallest "
+                                                                                f"counterexample: {shortfall[1]}"))))
         yield name, proof, s
 
 
 def _smallest_counterexample(query: Query, s: _Symbolic, budget: Budget):
-    """A countermodel with the least ``len_q + len_k + window bounds`` (None if none is found in time)."""
+    """:func:`least`'s ``(model, shortfall)`` for the least ``len_q + len_k + window bounds``."""
     return least([*(formula for _, formula in query.hypotheses), z3.Not(query.claim)], [z3.Sum(*s.inputs)], budget)
 
 
-def least(formulas, objectives, budget: Budget, seconds: float = 10.0):
+# Deterministic budgets (Z3 resource units, rlimit) of the queries outside check_z3, about 10x what the
+# costliest one needs on the shipped tilings (docs/kernel-tilings.md, "Budgets"). Each also draws on the
+# obligation's Budget, whose wall clock stays the only time limit (an outer safety net).
+LEAST_STEP_RLIMIT = 50_000_000  # one check of least's bisection: FA2Forward's smallest counterexamples, 5.2 M
+WASTE_RLIMIT = 1_000_000  # waste's z3.Optimize: 76 k at most (FA2Forward)
+
+
+def least(formulas, objectives, budget: Budget, limit: int | None = None):
     """A model of ``formulas`` that minimises each non-negative objective in turn (lexicographically).
 
     Bisection on one incremental solver: on these queries it is one to two orders of magnitude
-    faster than ``z3.Optimize``. None when the formulas have no model; when time runs out, the
-    best model found so far.
+    faster than ``z3.Optimize``. Each check may use ``limit`` units (default ``LEAST_STEP_RLIMIT``).
+    Returns ``(model, shortfall)``:
+    ``(None, None)`` when the formulas have no model, ``(least model, None)``, or -- when a check ran
+    out of its budget -- the best model found so far (None if none) and :func:`_ran_out`'s
+    ``(status, what ran out)``.
     """
-    end = time.monotonic() + min(seconds, budget.left())
+    limit = LEAST_STEP_RLIMIT if limit is None else limit
     solver = z3.Solver()
     solver.add(*formulas)
-    solver.set("timeout", max(1, int((end - time.monotonic()) * 1000)))
-    if solver.check() != z3.sat:
-        return None
+    verdict, used = budget.check(solver, limit=limit)
+    if verdict != z3.sat:
+        return None, None if verdict == z3.unsat else _ran_out(budget, solver, used, limit)
     model = solver.model()
     for objective in objectives:
         low, high = 0, model.eval(objective, model_completion=True).as_long()
-        while low < high and time.monotonic() < end:
+        while low < high:
             middle = (low + high) // 2
-            solver.set("timeout", max(1, int((end - time.monotonic()) * 1000)))
-            verdict = solver.check(objective <= middle)
+            verdict, used = budget.check(solver, objective <= middle, limit=limit)
             if verdict == z3.sat:
                 model = solver.model()
                 high = model.eval(objective, model_completion=True).as_long()
             elif verdict == z3.unsat:
                 low = middle + 1
             else:
-                break
+                return model, _ran_out(budget, solver, used, limit)
         solver.add(objective == high)
-    return model
+    return model, None
+
+
+def _ran_out(budget: Budget, solver, used: int, limit: int) -> tuple[str, str]:
+    """``(status, what ran out)`` of a check that came back unknown: the wall-clock safety net
+    (interrupted), the query's own ``limit``, or the obligation's budget (unknown)."""
+    status, detail = budget.unknown_reason(solver)
+    if status == UNKNOWN and used >= limit:
+        detail = f"the query's deterministic budget ran out ({used} of {limit} units; {solver.reason_unknown()})"
+    return status, detail
 
 
 # ---------------------------------------------------------------------------- waste
@@ -861,22 +882,22 @@ def waste(tiling: KernelTiling, family: MaskFamily, budget: Budget) -> Proof | N
     wasted = ops.where(need_lo < need_hi, below + above, ops.maximum(0, hi - lo))
     claim = f"[{family.name}] waste: the most visited SKIP tiles of one query block"
     opt = z3.Optimize()
-    opt.set("timeout", max(1, int(min(10.0, budget.left()) * 1000)))
     opt.add(*(f for _, f in s.hypotheses()), 0 <= m, m * tiling.block_m < s.len_q)
     most = opt.maximize(wasted)
-    verdict = opt.check()
+    verdict, used = budget.check(opt, limit=WASTE_RLIMIT)
     seconds = time.perf_counter() - start_time
-    if verdict != z3.sat:
-        return Proof(claim, "z3", UNKNOWN, seconds=seconds, detail=f"Optimize: {opt.reason_unknown()}")
+    if verdict != z3.sat:  # Optimize answers sat only with the optimum: running out is unknown, never a bound
+        status, detail = _ran_out(budget, opt, used, WASTE_RLIMIT) if verdict == z3.unknown else (UNKNOWN, "unsat")
+        return Proof(claim, "z3", status, seconds=seconds, queries=1, rlimit=used, detail=f"Optimize: {detail}")
     bound = opt.upper(most)
     if not z3.is_int_value(bound):
         return Proof(claim + ": unbounded (grows with the lengths)", "z3", PROVED, seconds=seconds, queries=1,
-                     detail="waste: unbounded")
+                     rlimit=used, detail="waste: unbounded")
     model = opt.model()
     at = ", ".join(f"{k} = {v}" for k, v in render(model, {**s.shape(), "m_block": m}).items())
     value = bound.as_long()
     text = f"waste: {value} SKIP tile(s) per query block at most" + (f" (e.g. {at})" if value else "")
-    return Proof(f"{claim}: {value}", "z3", PROVED, seconds=seconds, queries=1, detail=text)
+    return Proof(f"{claim}: {value}", "z3", PROVED, seconds=seconds, queries=1, rlimit=used, detail=text)
 
 
 # ---------------------------------------------------------------------------- int32 overflow
@@ -900,22 +921,25 @@ def int32_limit(tiling: KernelTiling, family: MaskFamily, budget: Budget) -> Pro
     claim = f"[{family.name}] int32: the smallest shape at which an index expression overflows"
     premises = [*(z3.And(x >= 0, x <= INT32[1]) for x in (*s.inputs, m, n)), *(f for _, f in s.hypotheses())]
     overflow = z3.Or(*(z3.And(used, value.overflow) for _, used, value in outputs))
-    probe = z3.Solver()
-    probe.set("timeout", max(1, int(budget.left() * 1000)))
-    probe.add(*premises, overflow)
-    verdict = probe.check()
-    if verdict == z3.unsat:
-        return Proof(claim + ": none", "z3", PROVED, queries=1, seconds=time.perf_counter() - start,
-                     detail="int32: no index expression overflows for any int32 shape")
-    model = least([*premises, overflow], [z3.Sum(*s.inputs), m + n], budget) if verdict == z3.sat else None
-    seconds = time.perf_counter() - start
+    units = budget.used
+    model, shortfall = least([*premises, overflow], [z3.Sum(*s.inputs), m + n], budget)
+    seconds, spent = time.perf_counter() - start, budget.used - units
+    if shortfall:  # an overflowing shape not shown to be the smallest is no answer
+        status, detail = shortfall
+        found = f"overflows at {_shape_shown(model, s, m, n)}, not shown to be the smallest; " if model else ""
+        return Proof(claim, "z3", status, queries=1, seconds=seconds, rlimit=spent, detail=f"int32: {found}{detail}")
     if model is None:
-        return Proof(claim, "z3", UNKNOWN, queries=1, seconds=seconds, detail=f"z3: {probe.reason_unknown()}")
+        return Proof(claim + ": none", "z3", PROVED, queries=1, seconds=seconds, rlimit=spent,
+                     detail="int32: no index expression overflows for any int32 shape")
     where = next(name.rsplit(" ", 1)[0] for name, used, value in outputs
                  if z3.is_true(model.eval(z3.And(used, value.overflow), model_completion=True)))
-    shown = ", ".join(f"{k} = {v}" for k, v in render(model, {**s.shape(), "m_block": m, "n_block": n}).items())
-    return Proof(f"{claim}: {shown} (in {where})", "z3", PROVED, queries=1, seconds=seconds,
+    shown = _shape_shown(model, s, m, n)
+    return Proof(f"{claim}: {shown} (in {where})", "z3", PROVED, queries=1, seconds=seconds, rlimit=spent,
                  detail=f"int32: first overflow at {shown}, in {where}")
+
+
+def _shape_shown(model, s: _Symbolic, m, n) -> str:
+    return ", ".join(f"{k} = {v}" for k, v in render(model, {**s.shape(), "m_block": m, "n_block": n}).items())
 
 
 def int32_semantics(s: _Symbolic):

@@ -47,7 +47,7 @@ NEG_INF = -math.inf
 class Balls:
     """Balls ``mid +- rad`` (float64 tensors); ``exact`` when every radius is 0 by construction."""
 
-    __slots__ = ("mid", "_rad", "exact", "rounded", "_magnitude")
+    __slots__ = ("mid", "_rad", "exact", "rounded", "_magnitude", "_spread")
 
     def __init__(self, mid: torch.Tensor, rad: torch.Tensor | None = None, rounded: bool = False,
                  magnitude: torch.Tensor | None = None):
@@ -56,6 +56,7 @@ class Balls:
         self._rad = rad  # an exact ball's zeros are made when asked for (products read only its mid)
         self.rounded = rounded  # no radius is 0 (see the module docstring): no exact value to look for
         self._magnitude = magnitude
+        self._spread = None  # (n, fb.spread(ball, n)), made when first asked for
 
     @property
     def rad(self) -> torch.Tensor:
@@ -70,6 +71,13 @@ class Balls:
         if self._magnitude is None:
             self._magnitude = fb.mag(self.mid)
         return self._magnitude
+
+    def spread(self, n: int) -> torch.Tensor:
+        """``fb.spread(ball, n)``, computed once for the last ``n`` asked (a tile's P: its row sums and
+        ``P V`` both sum over its keys)."""
+        if self._spread is None or self._spread[0] != n:
+            self._spread = (n, fb.spread(self.ball, n, self.magnitude))
+        return self._spread[1]
 
     @classmethod
     def of(cls, ball: fb.Ball) -> Balls:
@@ -92,7 +100,8 @@ class Balls:
         return _like(self, self.mid[index], self.rad[index])
 
     def swapaxes(self, a: int, b: int) -> Balls:
-        swapped = _like(self, self.mid.swapaxes(a, b), self.rad.swapaxes(a, b))
+        rad = None if self.exact else self.rad.swapaxes(a, b)  # an exact ball's zeros stay unmade
+        swapped = _like(self, self.mid.swapaxes(a, b), rad)
         if self._magnitude is not None:
             swapped._magnitude = self._magnitude.swapaxes(a, b)
         return swapped
@@ -155,7 +164,8 @@ class Balls:
         terms = other.shape[-2]
         if self.exact:
             return Balls.result(fb.dot(self.mid, other.mid, self.magnitude, other.magnitude), terms)
-        return Balls.result(fb.matmul(self.ball, other.mid, self.magnitude, other.magnitude), terms)
+        return Balls.result(fb.matmul(self.ball, other.mid, self.magnitude, other.magnitude, self.spread(terms)),
+                            terms)
 
     def __gt__(self, x) -> torch.Tensor:
         """Where the whole ball lies above ``x``; raises OutOfRange where the ball straddles ``x``.
@@ -289,7 +299,7 @@ class _BallOps:
 
     @staticmethod
     def rowsum(p):
-        total = Balls.result(fb.sum_dim(p.ball, -1, p.magnitude), p.shape[-1])
+        total = Balls.result(fb.sum_dim(p.ball, -1, p.magnitude, p.spread(p.shape[-1])), p.shape[-1])
         zeros = _is(p, 0.0)  # a sum of exact zeros is exactly 0
         if zeros is not None:
             zeros = zeros.all(dim=-1, keepdim=True)

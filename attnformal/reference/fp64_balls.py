@@ -100,65 +100,82 @@ def dot(a: torch.Tensor, b: torch.Tensor, mag_a=None, mag_b=None) -> Ball:
     return Ball(a @ b, up_((_given(a, mag_a) @ _given(b, mag_b)).mul_(gamma(n)), n + 1))
 
 
-def matmul(a: Ball, b: torch.Tensor, mag_a=None, mag_b=None) -> Ball:
+def matmul(a: Ball, b: torch.Tensor, mag_a=None, mag_b=None, spread_a=None) -> Ball:
     """``a @ b`` for a ball ``a`` and an exact ``b``.
 
     ``|A b - fl(a.mid b)| <= a.rad |b| + gamma_n |a.mid| |b| = (gamma_n |a.mid| + a.rad) |b|``;
-    the bound takes 2 roundings element-wise and ``n`` in its matmul.
+    the bound takes 2 roundings element-wise and ``n`` in its matmul. ``spread_a``: ``spread(a, n)``
+    when the caller has it already.
     """
     n = a.mid.shape[-1]
-    return Ball(a.mid @ b, up_(_plus(_scaled_mag(a.mid, mag_a, gamma(n)), a.rad) @ _given(b, mag_b), n + 2))
+    return Ball(a.mid @ b, up_(_given_spread(a, n, mag_a, spread_a) @ _given(b, mag_b), n + 2))
 
 
-def sum_dim(a: Ball, dim: int, mag_a=None) -> Ball:
+def sum_dim(a: Ball, dim: int, mag_a=None, spread_a=None) -> Ball:
     """Sum over ``dim`` (kept): error ``<= sum rad + gamma_n sum |mid|``, ``n + 2`` roundings."""
     n = a.mid.shape[dim]
-    return Ball(a.mid.sum(dim, keepdim=True),
-                up_(_plus(_scaled_mag(a.mid, mag_a, gamma(n)), a.rad).sum(dim, keepdim=True), n + 2))
+    return Ball(a.mid.sum(dim, keepdim=True), up_(_given_spread(a, n, mag_a, spread_a).sum(dim, keepdim=True), n + 2))
+
+
+def spread(a: Ball, n: int, mag_a=None) -> torch.Tensor:
+    """``gamma_n mag(a.mid) + a.rad`` (2 roundings), what an ``n``-term sum or product of ``a`` charges
+    each element: a tile's P is summed (``l``) and multiplied (``P V``) over the same ``n`` keys."""
+    return _plus(_scaled_mag(a.mid, mag_a, gamma(n)), a.rad)
+
+
+def _given_spread(a: Ball, n: int, mag_a, spread_a) -> torch.Tensor:
+    return spread(a, n, mag_a) if spread_a is None else spread_a
 
 
 def add(a: Ball, b: Ball) -> Ball:
     """``a + b``: rounding ``u |c|`` plus both radii (3 roundings in the bound)."""
     c = a.mid + b.mid
-    return Ball(c, up_(_plus(_plus(_rounding(c), a.rad), b.rad), 3))
+    return Ball(c, up_(_plus(_rounding_plus(c, a.rad), b.rad), 3))
+
+
+def add_into(total: Ball, b: Ball) -> None:
+    """``total = add(total, b)`` written into ``total``'s tensors (views of an accumulator, ``b`` of
+    their shape): the same roundings in the same order, without the three temporaries."""
+    total.mid.add_(b.mid)
+    up_(torch.add(total.rad, mag(total.mid), alpha=U, out=total.rad).add_(b.rad), 3)  # as _rounding_plus
 
 
 def sub(a: Ball, b: Ball) -> Ball:
     """``a - b``, as :func:`add`."""
     c = a.mid - b.mid
-    return Ball(c, up_(_plus(_plus(_rounding(c), a.rad), b.rad), 3))
+    return Ball(c, up_(_plus(_rounding_plus(c, a.rad), b.rad), 3))
 
 
 def sub_exact(a: Ball, t) -> Ball:
     """``a - t`` for exact ``t`` (a tensor that broadcasts, or a float)."""
     c = a.mid - t
-    return Ball(c, up_(_plus(_rounding(c), a.rad), 2))
+    return Ball(c, up_(_rounding_plus(c, a.rad), 2))
 
 
 def rsub_exact(t, a: Ball) -> Ball:
     """``t - a`` for exact ``t``."""
     c = t - a.mid
-    return Ball(c, up_(_plus(_rounding(c), a.rad), 2))
+    return Ball(c, up_(_rounding_plus(c, a.rad), 2))
 
 
 def mul(a: Ball, b: Ball, mag_a=None, mag_b=None) -> Ball:
     """``a * b``: ``|ab - fl(a.mid b.mid)| <= u|c| + |a.mid| b.rad + a.rad (|b.mid| + b.rad)``."""
     c = a.mid * b.mid
-    rad = _plus(_plus(_rounding(c), _given(a.mid, mag_a) * b.rad), _times(_scaled_mag(b.mid, mag_b, 1.0, b.rad), a.rad))
+    rad = _plus(_rounding_plus(c, _given(a.mid, mag_a) * b.rad), _times(_scaled_mag(b.mid, mag_b, 1.0, b.rad), a.rad))
     return Ball(c, up_(rad, 5))
 
 
 def mul_exact(a: Ball, t) -> Ball:
     """``a * t`` for exact ``t`` (tensor or float): ``u |c| + a.rad |t|``."""
     c = a.mid * t
-    return Ball(c, up_(_plus(_rounding(c), a.rad * _mag_any(t)), 3))
+    return Ball(c, up_(_rounding_plus(c, a.rad * _mag_any(t)), 3))
 
 
 def div_exact(a: Ball, t: float) -> Ball:
     """``a / t`` for an exact float ``t`` with ``2^-100 <= |t| <= 2^100`` (no underflow of the radius)."""
     _check_float_range(t)
     c = a.mid / t
-    return Ball(c, up_(_plus(_rounding(c), a.rad / abs(t)), 3))
+    return Ball(c, up_(_rounding_plus(c, a.rad / abs(t)), 3))
 
 
 def div(a: Ball, b: Ball) -> Ball:
@@ -198,9 +215,15 @@ def _scaled_mag(x: torch.Tensor, magnitude, factor: float, plus=None) -> torch.T
     return fresh if plus is None else _plus(fresh, plus)
 
 
-def _rounding(c: torch.Tensor) -> torch.Tensor:
-    """``U * mag(c)``, the rounding term of an operation's result ``c``, as a fresh tensor."""
-    return mag(c).mul_(U)
+def _rounding_plus(c: torch.Tensor, term: torch.Tensor) -> torch.Tensor:
+    """``U * mag(c) + term`` (``U * mag(c)``: the rounding term of an operation's result ``c``) as a
+    fresh tensor, in one pass after ``mag``: ``U * mag(c)`` is exact (a power of two times a float
+    ``>= FLOOR``, no underflow), so ``term + U * mag(c)`` rounds once, fused (FMA) or not -- the
+    bits of ``fl(fl(U * mag(c)) + term)``."""
+    magnitude = mag(c)
+    if not _broadcasts_to(term.shape, magnitude.shape):
+        return magnitude.mul_(U) + term
+    return torch.add(term, magnitude, alpha=U, out=magnitude)
 
 
 def _plus(total: torch.Tensor, term) -> torch.Tensor:
@@ -265,9 +288,10 @@ def exp64(x: torch.Tensor) -> torch.Tensor:
     """
     inside = _within(x, EXP_MIN, EXP_MAX)  # then the clamp and both replacements change nothing
     clamped = x if inside else x.clamp(EXP_MIN, EXP_MAX)
-    # in place, the same roundings: x - t is -t + x, and k's buffer takes k * LN2_LO once 2^k is taken
+    # in place, the same roundings: k's buffer takes k * LN2_LO once 2^k is taken; x - k LN2_HI is one add of
+    # an exact product (one rounding, fused or not)
     k = (clamped * INV_LN2).round_()
-    r = (k * LN2_HI).neg_().add_(clamped)
+    r = torch.add(clamped, k, alpha=-LN2_HI)
     scale = _power_of_two(k)
     r.sub_(k.mul_(LN2_LO))
     p = r * TAYLOR[-1]  # Horner's first step c13 * r, then p = p * r + c
@@ -317,7 +341,8 @@ def exp(a: Ball) -> Ball:
     ``< 2^-1009`` is covered by ``FLOOR * eps``.
     """
     e = exp64(a.mid)
-    rad = up_(mag(e).mul_((1.0 + a.rad).mul_(a.rad).add_(EPS_EXP)), 4 + 16)
+    magnitude = e.clamp_min(FLOOR)  # mag(e) in one pass: exp64 is never negative nor -0.0
+    rad = up_(magnitude.mul_((1.0 + a.rad).mul_(a.rad).add_(EPS_EXP)), 4 + 16)
     if _within(a.rad, 0.0, 1.0):
         return Ball(e, rad)
     return Ball(e, torch.where(a.rad <= 1.0, rad, math.inf))

@@ -278,6 +278,9 @@ class _Accumulation:
     def __call__(self, total: Balls, rows: slice, part: Balls) -> None:
         index = (slice(None), slice(None), rows)
         key = (id(total), rows.start, rows.stop)
+        if key in self.rounded and self.rounded[key] and part.rounded:  # no exact value to keep: add in place
+            fb.add_into(fb.Ball(total.mid[index], total.rad[index]), part.ball)
+            return
         if key in self.rounded:
             part = Balls(total.mid[index], total.rad[index], self.rounded[key]) + part
         total.mid[index], total.rad[index] = part.mid, part.rad

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ import sympy
 import torch
 import z3
 
-from attnformal import ops
+from attnformal import ops, tiling
 from attnformal.logic import PROVED, REFUTED, UNKNOWN, VACUOUS, Budget
 from attnformal.prove import main as prove_main
 from attnformal.tiling import (MASK_FAMILIES, KernelTiling, ReproFolders, TilingControl, check_family, family_of,
@@ -20,7 +22,7 @@ from attnformal.masks import MaskGeometry
 
 
 def verdicts(tiling, family):
-    return {name: proof for name, proof, _ in check_family(tiling, MASK_FAMILIES[family], Budget(60))}
+    return {name: proof for name, proof, _ in check_family(tiling, MASK_FAMILIES[family], Budget())}
 
 
 class Causal(KernelTiling):
@@ -175,10 +177,12 @@ def test_each_obligation_refutes_its_bug_with_the_smallest_shape(breaks, obligat
     assert int(shown["Sq"]) + int(shown["Sk"]) <= 2 * 16 + 8  # minimised: a block or two, not thousands
 
 
+MISTAKEN_TOP_LEFT = type("TopLeft", (Causal,), {"kv_blocks": lambda self, m, g: (0, ops.minimum(
+    self.ceil_div(g.len_k, 8), self.ceil_div((m + 1) * 16, 8)))})
+
+
 def test_top_left_against_bottom_right_names_the_missed_tile_and_an_allowed_pair():
-    wrong = type("TopLeft", (Causal,), {"kv_blocks": lambda self, m, g: (0, ops.minimum(
-        self.ceil_div(g.len_k, 8), self.ceil_div((m + 1) * 16, 8)))})()
-    shown = verdicts(wrong, "bottom_right")["complete"].countermodel
+    shown = verdicts(MISTAKEN_TOP_LEFT(), "bottom_right")["complete"].countermodel
     len_q, len_k, i, j, n_block = (int(shown[k]) for k in ("Sq", "Sk", "i", "j", "n_block"))
     assert (len_q, len_k) == (1, 17) and (i, j, n_block) == (0, 16, 2)
     assert j <= i + len_k - len_q and j // 8 == n_block  # allowed, and in the missed tile
@@ -217,22 +221,63 @@ def test_splits_must_be_disjoint_and_cover():
 def test_waste_is_measured_against_the_schedule():
     everything = type("Everything", (Causal,), {"kv_blocks": lambda self, m, g: (0, self.ceil_div(g.len_k, 8)),
                                                  "masked": lambda self, m, n, g: True})()
-    assert waste(everything, MASK_FAMILIES["bottom_right"], Budget(60)).detail == "waste: unbounded"
-    assert waste(Causal(), MASK_FAMILIES["bottom_right"], Budget(60)).detail.startswith("waste: 0 ")
+    assert waste(everything, MASK_FAMILIES["bottom_right"], Budget()).detail == "waste: unbounded"
+    assert waste(Causal(), MASK_FAMILIES["bottom_right"], Budget()).detail.startswith("waste: 0 ")
     one_extra = type("OneExtra", (Causal,), {"kv_blocks": lambda self, m, g: (
         0, ops.minimum(self.ceil_div(g.len_k, 8), Causal.kv_blocks(self, m, g)[1] + 1))})()
-    assert waste(one_extra, MASK_FAMILIES["bottom_right"], Budget(60)).detail.startswith("waste: 1 ")
+    assert waste(one_extra, MASK_FAMILIES["bottom_right"], Budget()).detail.startswith("waste: 1 ")
+
+
+DOUBLED = type("Doubled", (Causal,), {"int_bits": 32, "kv_blocks": lambda self, m, g: (0, self.ceil_div(2 * g.len_k, 8))})
 
 
 def test_int32_limit_finds_the_smallest_overflowing_shape():
-    doubled = type("Doubled", (Causal,), {"int_bits": 32,
-                                          "kv_blocks": lambda self, m, g: (0, self.ceil_div(2 * g.len_k, 8))})()
-    proof = int32_limit(doubled, MASK_FAMILIES["dense"], Budget(60))
+    proof = int32_limit(DOUBLED(), MASK_FAMILIES["dense"], Budget())
     # ceil_div adds block_n first, as (a + b - 1) / b does in C: 2 * Sk + 8 leaves int32 from Sk = 2**30 - 4
     assert proof.status == PROVED and "Sq = 1, Sk = 1073741820" in proof.detail
     safe = type("Safe", (Causal,), {"int_bits": 32, "kv_blocks": lambda self, m, g: (0, 1)})()
-    assert int32_limit(safe, MASK_FAMILIES["dense"], Budget(60)).detail.endswith("any int32 shape")
-    assert int32_limit(Causal(), MASK_FAMILIES["dense"], Budget(60)) is None  # int_bits = None: not asked
+    assert int32_limit(safe, MASK_FAMILIES["dense"], Budget()).detail.endswith("any int32 shape")
+    assert int32_limit(Causal(), MASK_FAMILIES["dense"], Budget()) is None  # int_bits = None: not asked
+
+
+def test_waste_and_int32_that_run_out_of_their_budget_are_unknown_never_an_answer(monkeypatch):
+    # the negative control of the budgets: the same queries as above, with too few resource units
+    starved = int32_limit(DOUBLED(), MASK_FAMILIES["dense"], Budget(rlimit=1))
+    assert starved.status == UNKNOWN and "deterministic budget" in starved.detail and "Sk =" not in starved.claim
+    assert waste(Causal(), MASK_FAMILIES["bottom_right"], Budget(rlimit=1)).status == UNKNOWN
+    monkeypatch.setattr(tiling, "WASTE_RLIMIT", 1)  # the query's own budget, the obligation's left ample
+    capped = waste(Causal(), MASK_FAMILIES["bottom_right"], Budget())
+    assert capped.status == UNKNOWN and "the query's deterministic budget ran out" in capped.detail
+    monkeypatch.setattr(tiling, "LEAST_STEP_RLIMIT", 1)
+    capped = int32_limit(DOUBLED(), MASK_FAMILIES["dense"], Budget())
+    assert capped.status == UNKNOWN and "the query's deterministic budget ran out" in capped.detail
+
+
+def test_a_refutation_whose_least_counterexample_runs_out_is_still_refuted_and_says_so(monkeypatch):
+    full = verdicts(MISTAKEN_TOP_LEFT(), "bottom_right")["complete"]
+    assert full.status == REFUTED and "not shown to be the smallest" not in full.detail
+    monkeypatch.setattr(tiling, "LEAST_STEP_RLIMIT", 1)
+    starved = verdicts(MISTAKEN_TOP_LEFT(), "bottom_right")["complete"]
+    assert starved.status == REFUTED and starved.countermodel  # the solver's own counterexample
+    assert "not shown to be the smallest counterexample: the query's deterministic budget ran out" in starved.detail
+
+
+def _kernel_units(path, json_path):
+    result = subprocess.run([sys.executable, "-m", "attnformal.prove", "--kernel", f"{path}:MyKernel", "--no-cache",
+                             "--json", str(json_path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads(json_path.read_text())
+    return ([(p["claim"], p["status"], p["rlimit"]) for o in data["obligations"] for p in o["checks"]],
+            [(c["name"], c["proof"]["status"], c["proof"]["rlimit"]) for c in data["controls"]])
+
+
+def test_the_units_each_kernel_query_uses_are_the_same_in_two_runs(tmp_path):
+    # waste (z3.Optimize) and int32 (a bisection) included: their verdicts rest on resource units, not on time
+    path = user_file(tmp_path)
+    first, second = (_kernel_units(path, tmp_path / name) for name in ("first.json", "second.json"))
+    assert first == second
+    counted = {claim.split(":")[0]: units for claim, _, units in first[0]}
+    assert counted["[bottom_right] waste"] > 0 and counted["[bottom_right] int32"] > 0, counted
 
 
 # ---------------------------------------------------------------------------- the command line and replay
@@ -273,7 +318,7 @@ def test_a_refutation_becomes_a_case_the_battery_reproduces(tmp_path, monkeypatc
     (folder / "tiling-MyKernelTopLeft-old.pt").write_bytes(b"an earlier run's case")
     obligation = kernel_obligations([f"{path}:MyKernel"], tmp_path / "repro")[0][1]
     control = next(c for c in obligation.CONTROLS if c.name == "MyKernelTopLeft")
-    proof = control.run(None, Budget(60))
+    proof = control.run(None, Budget())
     assert proof.status == REFUTED
     case = folder / "tiling-MyKernelTopLeft-bottom_right-complete.pt"
     assert [p.name for p in folder.glob("*.pt")] == [case.name]  # the old one moved aside, not mixed in
@@ -284,7 +329,7 @@ def test_a_refutation_becomes_a_case_the_battery_reproduces(tmp_path, monkeypatc
     assert verify_main(["--impl", f"{path}:MyKernel", "--replay", str(case)]) == 0  # the right tiling passes
     assert verify_main(["--impl", "torch-tiled", "--replay", str(case)]) == 0
     rerun = kernel_obligations([f"{path}:MyKernel"], tmp_path / "repro")[0][1]  # a second run, same process
-    assert next(c for c in rerun.CONTROLS if c.name == "MyKernelTopLeft").run(None, Budget(60)).status == REFUTED
+    assert next(c for c in rerun.CONTROLS if c.name == "MyKernelTopLeft").run(None, Budget()).status == REFUTED
     assert (folder / "previous" / case.name).exists()  # the first run's case moved aside in turn
 
 
@@ -335,7 +380,7 @@ def test_an_overflow_that_wraps_back_is_not_a_refutation():
     # (m_block + 1) * block_m + len_k passes 2**31 before - len_q brings it back: int32 wraps to the exact value
     launched = type("Launched", (Causal,), {"int_bits": 32, "requires": lambda self, g: g.len_k < 2**30})()
     assert verdicts(launched, "bottom_right")["int32"].status == PROVED
-    assert "kv_blocks" in int32_limit(launched, MASK_FAMILIES["bottom_right"], Budget(60)).detail  # yet it overflows
+    assert "kv_blocks" in int32_limit(launched, MASK_FAMILIES["bottom_right"], Budget()).detail  # yet it overflows
 
 
 @pytest.mark.parametrize("body, message", [
@@ -390,11 +435,11 @@ class DenseOneShort(HalfRight):
 
 
 def test_a_control_refuted_only_where_its_base_fails_is_not_a_control():
-    vacuous = TilingControl(SameAsHalfRight, HalfRight, "tests:SameAsHalfRight", None).run(None, Budget(60))
+    vacuous = TilingControl(SameAsHalfRight, HalfRight, "tests:SameAsHalfRight", None).run(None, Budget())
     assert vacuous.status == UNKNOWN and vacuous.countermodel is None
     assert vacuous.detail.startswith("not a control: refuted only where HalfRight is not proved either: "
                                      "[bottom_right] complete (the base tiling: refuted)")
-    real = TilingControl(DenseOneShort, HalfRight, "tests:DenseOneShort", None).run(None, Budget(60))
+    real = TilingControl(DenseOneShort, HalfRight, "tests:DenseOneShort", None).run(None, Budget())
     assert real.status == REFUTED and real.case == "dense"
 
 
@@ -419,7 +464,7 @@ def test_an_in_bounds_refutation_replays_as_a_failing_read(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     one_past = load_tilings(f"{path}:OnePast")[0]
     proof = TilingControl(one_past, one_past.__mro__[1], f"{path}:OnePast", ReproFolders(tmp_path / "repro")).run(
-        None, Budget(60))
+        None, Budget())
     assert proof.status == REFUTED and "in bounds" in proof.claim and "replay:" in proof.detail
     case = proof.detail.split("--replay ")[1]
     capsys.readouterr()
@@ -436,7 +481,7 @@ def test_an_unsupported_replay_exits_3_and_says_requires(tmp_path, monkeypatch, 
         handle.write("\n\nclass Square(MyKernel):\n    def requires(self, g):\n        return g.len_q == g.len_k\n")
     monkeypatch.chdir(tmp_path)
     obligation = kernel_obligations([f"{path}:MyKernel"], tmp_path / "repro")[0][1]
-    proof = next(c for c in obligation.CONTROLS if c.name == "MyKernelTopLeft").run(None, Budget(60))
+    proof = next(c for c in obligation.CONTROLS if c.name == "MyKernelTopLeft").run(None, Budget())
     case = proof.detail.split("--replay ")[1]  # Sq = 1, Sk = 129
     capsys.readouterr()
     assert verify_main(["--impl", f"{path}:Square", "--replay", case]) == 3

@@ -155,6 +155,13 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.int64)
 
 
+def same_radii(fast: torch.Tensor, slow: torch.Tensor) -> bool:
+    """The same bits, but a NaN radius (not certified, whatever its sign or payload) matches any NaN: which
+    operand's NaN an add returns depends on the operand order, which a one-pass add may swap."""
+    differ = bits(fast) != bits(slow)
+    return bool((fast[differ].isnan() & slow[differ].isnan()).all())
+
+
 def seeded_ball(shape, seed, spread=3.0):
     g = torch.Generator().manual_seed(seed)
     mid = torch.randn(shape, generator=g, dtype=torch.float64) * spread
@@ -182,7 +189,7 @@ def test_each_fast_operation_gives_the_textbook_bits(name):
     slow = TEXTBOOK[op](*args)
     for fast in (getattr(fb, op)(*args), *given_magnitudes(op, args)):
         assert torch.equal(bits(fast.mid), bits(slow.mid)), f"{name}: a midpoint changed"
-        assert torch.equal(bits(fast.rad), bits(slow.rad)), f"{name}: a radius changed"
+        assert same_radii(fast.rad, slow.rad), f"{name}: a radius changed"
 
 
 def given_magnitudes(op, args):

@@ -587,8 +587,10 @@ def support_findings(p_impl: torch.Tensor, case) -> tuple[list[str], list[Findin
     p_impl = p_impl.detach().cpu()
     nonzero = p_impl != 0
     # Rows whose probabilities vanished altogether underflowed or were never normalised: that is
-    # not a mask the kernel used, so only rows that kept most of their mass are compared.
-    normalised = (p_impl.sum(-1, keepdim=True) > 0.5) | ~allowed.any(-1, keepdim=True)
+    # not a mask the kernel used, so only rows that kept most of their mass are compared. Rows with no
+    # allowed key are the empty-row checks' to judge: a finite fill spreads them over every key, which
+    # reads as a boundary (kv_lens = 0 as "keys beyond the kv_lens edge") that is not the kernel's bug.
+    normalised = (p_impl.sum(-1, keepdim=True) > 0.5) & allowed.any(-1, keepdim=True)
     extra, missing = nonzero & ~allowed & normalised, ~nonzero & allowed & normalised
     if not extra.any() and not missing.any():
         return [], []

@@ -815,6 +815,9 @@ def _smallest_counterexample(query: Query, s: _Symbolic, budget: Budget):
 # costliest one needs on the shipped tilings (docs/kernel-tilings.md, "Budgets"). Each also draws on the
 # obligation's Budget, whose wall clock stays the only time limit (an outer safety net).
 LEAST_STEP_RLIMIT = 50_000_000  # one check of least's bisection: FA2Forward's smallest counterexamples, 5.2 M
+# the whole bisection of one search (the 10 s it had on the wall clock, as units): past it the model found so far
+# stands, "not shown to be the smallest" (the split-KV window families spent over 100 M units minimising)
+LEAST_RLIMIT = 20_000_000
 WASTE_RLIMIT = 1_000_000  # waste's z3.Optimize: 76 k at most (FA2Forward)
 
 
@@ -822,7 +825,8 @@ def least(formulas, objectives, budget: Budget, limit: int | None = None):
     """A model of ``formulas`` that minimises each non-negative objective in turn (lexicographically).
 
     Bisection on one incremental solver: on these queries it is one to two orders of magnitude
-    faster than ``z3.Optimize``. Each check may use ``limit`` units (default ``LEAST_STEP_RLIMIT``).
+    faster than ``z3.Optimize``. Each check may use ``limit`` units (default ``LEAST_STEP_RLIMIT``), the
+    whole search ``LEAST_RLIMIT``.
     Returns ``(model, shortfall)``:
     ``(None, None)`` when the formulas have no model, ``(least model, None)``, or -- when a check ran
     out of its budget -- the best model found so far (None if none) and :func:`_ran_out`'s
@@ -831,22 +835,26 @@ def least(formulas, objectives, budget: Budget, limit: int | None = None):
     limit = LEAST_STEP_RLIMIT if limit is None else limit
     solver = z3.Solver()
     solver.add(*formulas)
-    verdict, used = budget.check(solver, limit=limit)
+    verdict, spent = budget.check(solver, limit=limit)
     if verdict != z3.sat:
-        return None, None if verdict == z3.unsat else _ran_out(budget, solver, used, limit)
+        return None, None if verdict == z3.unsat else _ran_out(budget, solver, spent, limit)
     model = solver.model()
     for objective in objectives:
         low, high = 0, model.eval(objective, model_completion=True).as_long()
         while low < high:
             middle = (low + high) // 2
-            verdict, used = budget.check(solver, objective <= middle, limit=limit)
+            left = LEAST_RLIMIT - spent
+            if left <= 0:
+                return model, (UNKNOWN, f"the search's deterministic budget ran out ({spent} of {LEAST_RLIMIT} units)")
+            verdict, used = budget.check(solver, objective <= middle, limit=min(limit, left))
+            spent += used
             if verdict == z3.sat:
                 model = solver.model()
                 high = model.eval(objective, model_completion=True).as_long()
             elif verdict == z3.unsat:
                 low = middle + 1
             else:
-                return model, _ran_out(budget, solver, used, limit)
+                return model, _ran_out(budget, solver, used, min(limit, left))
         solver.add(objective == high)
     return model, None
 

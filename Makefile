@@ -36,11 +36,12 @@ prove-triton: $(VENV)/.installed
 	env -u TRITON_INTERPRET TRITON_DEFAULT_FP_FUSION=1 $(PY) -m attnformal.prove --triton attnformal.kernels.triton_flash:_attn_fwd
 
 # The main run spreads the tests over worker processes (pytest-xdist; one per core, at most 4: each
-# worker holds its own torch) and lists the slowest, so a test that grows shows in CI's log.
+# worker holds its own torch), a module per worker (its fixtures and the wheel test-command builds stay in one
+# process), and lists the slowest, so a test that grows shows in CI's log.
 TEST_WORKERS ?= $(shell python3 -c "import os; print(min(os.cpu_count() or 1, 4))")
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=25
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 	$(PY) tools/numerics_reruns.py
 
 bench: $(VENV)/.installed

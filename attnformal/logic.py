@@ -162,13 +162,14 @@ class Budget:
             return f"the deterministic budget ({self.rlimit / RLIMIT_UNIT:g} M resource units) is spent"
         return ""
 
-    def check(self, solver, *assumptions, share: float = 1.0, limit: int | None = None):
+    def check(self, solver, *assumptions, share: float = 1.0, limit: int | None = None,
+              seconds: float | None = None):
         """``solver.check()`` within ``share`` of the units left (and at most ``limit``, a query's
-        own calibrated budget) and the wall time left; the units it used are charged. Returns
-        ``(verdict, units used)``."""
+        own calibrated budget) and the wall time left (at most ``seconds``, a search's own net); the
+        units it used are charged. Returns ``(verdict, units used)``."""
         units = max(1, int(self.units_left() * share))
         solver.set("rlimit", units if limit is None else min(units, limit))
-        solver.set("timeout", max(1, int(self.left() * 1000)))
+        solver.set("timeout", max(1, int(min(self.left(), seconds or self.left()) * 1000)))
         before = rlimit_count(solver)
         verdict = solver.check(*assumptions)
         used = rlimit_count(solver) - before

@@ -73,7 +73,7 @@ from pathlib import Path
 import z3
 
 from attnformal import ops, schedule
-from attnformal.logic import PROVED, REFUTED, UNKNOWN, Budget, Proof, Query, check_z3, render, render_value
+from attnformal.logic import INTERRUPTED, PROVED, REFUTED, UNKNOWN, Budget, Proof, Query, check_z3, render, render_value
 from attnformal.masks import MaskGeometry, may_attend
 
 # ---------------------------------------------------------------------------- mask families
@@ -797,7 +797,8 @@ def each_check(tiling: KernelTiling, family: MaskFamily, budget: Budget, names=N
         query = Query(claim, s.hypotheses(*extra), {**s.shape(), **shown}, case=f"{family.name}")
         proof = check_z3(f"[{family.name}] {name}: {theorem}", [query], budget=budget, keep_model=True)
         if proof.status == REFUTED:
-            smallest, shortfall = _smallest_counterexample(query, s, budget)
+            total = LEAST_INT32_RLIMIT if name == "int32" else LEAST_RLIMIT
+            smallest, shortfall = _smallest_counterexample(query, s, budget, total, proof.model)
             if smallest is not None:
                 proof = proof.but(countermodel=render(smallest, query.show), model=smallest)
             if shortfall:  # still a counterexample (the solver's own model, or a smaller one): only not the least
@@ -806,9 +807,11 @@ def each_check(tiling: KernelTiling, family: MaskFamily, budget: Budget, names=N
         yield name, proof, s
 
 
-def _smallest_counterexample(query: Query, s: _Symbolic, budget: Budget):
-    """:func:`least`'s ``(model, shortfall)`` for the least ``len_q + len_k + window bounds``."""
-    return least([*(formula for _, formula in query.hypotheses), z3.Not(query.claim)], [z3.Sum(*s.inputs)], budget)
+def _smallest_counterexample(query: Query, s: _Symbolic, budget: Budget, total: int, found):
+    """:func:`least`'s ``(model, shortfall)`` for the least ``len_q + len_k + window bounds``, from the
+    counterexample ``found``."""
+    return least([*(formula for _, formula in query.hypotheses), z3.Not(query.claim)], [z3.Sum(*s.inputs)], budget,
+                 total=total, start=found)
 
 
 # Deterministic budgets (Z3 resource units, rlimit) of the queries outside check_z3, about 10x what the
@@ -818,35 +821,48 @@ LEAST_STEP_RLIMIT = 50_000_000  # one check of least's bisection: FA2Forward's s
 # the whole bisection of one search (the 10 s it had on the wall clock, as units): past it the model found so far
 # stands, "not shown to be the smallest" (the split-KV window families spent over 100 M units minimising)
 LEAST_RLIMIT = 20_000_000
+# the int32 obligation's search: its wrapped arithmetic makes each unit slow (the split-KV families spent 35-70 s
+# of 20 M units and still stopped short); its counterexamples are past 2**29 whichever the search shows
+LEAST_INT32_RLIMIT = 3_000_000
+# a search's wall-clock net, as the obligation's: a check that Z3 does not stop at its units (FA3SplitKV's
+# window_left once ran 73 min in CI, 40 s here) leaves the model found so far, "interrupted by time"
+LEAST_WALL_S = 120.0
 WASTE_RLIMIT = 1_000_000  # waste's z3.Optimize: 76 k at most (FA2Forward)
 
 
-def least(formulas, objectives, budget: Budget, limit: int | None = None):
+def least(formulas, objectives, budget: Budget, limit: int | None = None, total: int = LEAST_RLIMIT, start=None):
     """A model of ``formulas`` that minimises each non-negative objective in turn (lexicographically).
 
     Bisection on one incremental solver: on these queries it is one to two orders of magnitude
     faster than ``z3.Optimize``. Each check may use ``limit`` units (default ``LEAST_STEP_RLIMIT``), the
-    whole search ``LEAST_RLIMIT``.
+    whole search ``total`` and ``LEAST_WALL_S`` seconds (a net). ``start``: a model of the formulas
+    already found, the search's first upper bound (finding one again cost the int32 searches 8 M units).
     Returns ``(model, shortfall)``:
     ``(None, None)`` when the formulas have no model, ``(least model, None)``, or -- when a check ran
     out of its budget -- the best model found so far (None if none) and :func:`_ran_out`'s
     ``(status, what ran out)``.
     """
     limit = LEAST_STEP_RLIMIT if limit is None else limit
+    end = time.monotonic() + LEAST_WALL_S
     solver = z3.Solver()
     solver.add(*formulas)
-    verdict, spent = budget.check(solver, limit=limit)
-    if verdict != z3.sat:
-        return None, None if verdict == z3.unsat else _ran_out(budget, solver, spent, limit)
-    model = solver.model()
+    model, spent = start, 0
+    if model is None:
+        verdict, spent = budget.check(solver, limit=limit, seconds=LEAST_WALL_S)
+        if verdict != z3.sat:
+            return None, None if verdict == z3.unsat else _ran_out(budget, solver, spent, limit, LEAST_WALL_S)
+        model = solver.model()
     for objective in objectives:
         low, high = 0, model.eval(objective, model_completion=True).as_long()
         while low < high:
             middle = (low + high) // 2
-            left = LEAST_RLIMIT - spent
+            left, seconds = total - spent, end - time.monotonic()
             if left <= 0:
-                return model, (UNKNOWN, f"the search's deterministic budget ran out ({spent} of {LEAST_RLIMIT} units)")
-            verdict, used = budget.check(solver, objective <= middle, limit=min(limit, left))
+                return model, (UNKNOWN, f"the search's deterministic budget ran out ({spent} of {total} units)")
+            if seconds <= 0:
+                return model, (INTERRUPTED, f"interrupted by time: the search's wall-clock net ({LEAST_WALL_S:g} s) "
+                                            f"ran out")
+            verdict, used = budget.check(solver, objective <= middle, limit=min(limit, left), seconds=seconds)
             spent += used
             if verdict == z3.sat:
                 model = solver.model()
@@ -854,15 +870,17 @@ def least(formulas, objectives, budget: Budget, limit: int | None = None):
             elif verdict == z3.unsat:
                 low = middle + 1
             else:
-                return model, _ran_out(budget, solver, used, min(limit, left))
+                return model, _ran_out(budget, solver, used, min(limit, left), LEAST_WALL_S)
         solver.add(objective == high)
     return model, None
 
 
-def _ran_out(budget: Budget, solver, used: int, limit: int) -> tuple[str, str]:
-    """``(status, what ran out)`` of a check that came back unknown: the wall-clock safety net
-    (interrupted), the query's own ``limit``, or the obligation's budget (unknown)."""
+def _ran_out(budget: Budget, solver, used: int, limit: int, net: float | None = None) -> tuple[str, str]:
+    """``(status, what ran out)`` of a check that came back unknown: a wall-clock net (interrupted: the
+    obligation's, or the search's ``net``), the query's own ``limit``, or the obligation's budget (unknown)."""
     status, detail = budget.unknown_reason(solver)
+    if status == INTERRUPTED and net is not None and budget.left() > 0:
+        detail = f"interrupted by time: the search's wall-clock net ({net:g} s) ran out"
     if status == UNKNOWN and used >= limit:
         detail = f"the query's deterministic budget ran out ({used} of {limit} units; {solver.reason_unknown()})"
     return status, detail

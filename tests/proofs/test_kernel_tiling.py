@@ -260,6 +260,12 @@ def test_a_refutation_whose_least_counterexample_runs_out_is_still_refuted_and_s
     starved = verdicts(MISTAKEN_TOP_LEFT(), "bottom_right")["complete"]
     assert starved.status == REFUTED and starved.countermodel  # the solver's own counterexample
     assert "not shown to be the smallest counterexample: the query's deterministic budget ran out" in starved.detail
+    monkeypatch.setattr(tiling, "LEAST_STEP_RLIMIT", tiling.LEAST_RLIMIT)
+    monkeypatch.setattr(tiling, "LEAST_WALL_S", 1e-3)  # the search's wall-clock net, its units left ample
+    netted = verdicts(MISTAKEN_TOP_LEFT(), "bottom_right")["complete"]
+    assert netted.status == REFUTED and netted.countermodel
+    assert "not shown to be the smallest counterexample: interrupted by time: the search's wall-clock net" \
+        in netted.detail
 
 
 def _kernel_units(path, json_path):

@@ -12,6 +12,7 @@ import importlib
 import importlib.metadata
 import importlib.resources
 import sys
+from pathlib import Path
 
 # subcommand -> (module whose main(argv) runs it, what it does)
 TOOLS = {
@@ -32,11 +33,21 @@ def doc_pages() -> list[str]:
 def doc_text(page: str) -> str:
     """The text of an installed page; ``ValueError`` naming the pages there are."""
     if page == "readme":
-        return importlib.metadata.metadata("attnformal").get_payload() or ""
+        return _readme()
     path = importlib.resources.files("attnformal.docs") / f"{page.removesuffix('.md').removeprefix('docs/')}.md"
     if not path.is_file():
         raise ValueError(f"argument PAGE: expected one of {', '.join(doc_pages())}, got {page!r}")
     return path.read_text(encoding="utf-8")
+
+
+def _readme() -> str:
+    """The checkout's README when the package runs from one (an editable install), else the installed long
+    description: the metadata is the install's copy, and the one ``importlib.metadata`` found first came
+    back empty once in CI (pytest-xdist workers)."""
+    checkout = Path(__file__).resolve().parents[1]
+    if (checkout / "pyproject.toml").is_file() and (checkout / "README.md").is_file():
+        return (checkout / "README.md").read_text(encoding="utf-8")
+    return importlib.metadata.metadata("attnformal").get_payload() or ""
 
 
 def _docs(argv) -> int:

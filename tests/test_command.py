@@ -86,6 +86,8 @@ def test_from_a_plain_install_help_points_at_what_is_there_and_verify_runs(insta
         assert shown.returncode == 0 and shown.stdout.startswith("# "), (tool, page)
         example = text.split("example:\n  ")[1].split()
         assert not any(Path(word.split(":")[0]).suffix == ".py" for word in example)  # no file of the checkout
+    readme = run([*command, "docs", "readme"], **env).stdout  # the wheel's long description: no checkout here
+    assert readme.startswith("# attnformal") and "\n## I have a kernel\n" in readme
     battery = run([*command, "verify", "--impl", "attnformal.examples.causal_alignment_bug:attention", "--only",
                    "mask.causal_bottom_right", "--dtypes", "float32"], **env)
     assert battery.returncode == 1 and "[causal_alignment]" in battery.stdout, battery.stdout + battery.stderr

@@ -106,17 +106,15 @@ ASKED = {"sinks": {"sinks": True}, "alibi_slopes": {"alibi_slopes": True}, "bias
          "packed scores": {"packed": True, "attn_mask": False, "sinks": True, "alibi_slopes": True}}
 FEW = settings(max_examples=15, derandomize=True, database=None, deadline=None,
                suppress_health_check=[HealthCheck.too_slow])
-# Packed [B, Hq] slopes of several sequences are one draw in about six (slopes, 2-D, B > 1): more examples.
-EXAMPLES = {"packed scores": 50}
+# Packed [B, Hq] slopes of several sequences are one draw in about six (slopes, 2-D, B > 1); how many of 50
+# examples had them depended on the Hypothesis version (0 in one CI run): those draws are filtered for, and a
+# strategy that could not draw them fails (Unsatisfiable) instead of passing on problems without them.
+FILTERED = {"packed scores"}
 
 
-def few(name):
-    return settings(FEW, max_examples=EXAMPLES.get(name, FEW.max_examples))
-
-
-def feature_problems(name):
-    return attn.problems(dtype=st.sampled_from([torch.float32, torch.bfloat16]), shapes=SMALL,
-                         values="normal", **ASKED[name])
+def feature_problems(name, dtype=st.sampled_from([torch.float32, torch.bfloat16]), **narrowed):
+    drawing = attn.problems(dtype=dtype, shapes=SMALL, values="normal", **{**ASKED[name], **narrowed})
+    return drawing.filter(functools.partial(drawn, name)) if name in FILTERED else drawing
 
 
 def drawn(name, problem) -> bool:
@@ -140,7 +138,7 @@ def assert_matches_reference(impl, problem, *, backward=True):
 def test_torch_tiled_matches_the_reference_on_each_drawn_feature(name):
     seen = []
 
-    @few(name)
+    @FEW
     @given(feature_problems(name))
     def matches(problem):
         seen.append(drawn(name, problem))
@@ -185,8 +183,8 @@ CONTROLS = {"sinks": (ignoring("sinks"), {}), "alibi_slopes": (ignoring("alibi_s
 def test_a_kernel_that_ignores_the_feature_fails_the_same_property(name):
     kernel, narrowed = CONTROLS[name]
 
-    @settings(few(name), phases=[Phase.generate])  # no shrinking: the failure itself is the point
-    @given(attn.problems(dtype=torch.float32, shapes=SMALL, values="normal", **{**ASKED[name], **narrowed}))
+    @settings(FEW, phases=[Phase.generate])  # no shrinking: the failure itself is the point
+    @given(feature_problems(name, dtype=torch.float32, **narrowed))
     def matches(problem):
         # Forward: without the keyword the kernel has no gradient for sinks or bias, a contract error the
         # call reports before any comparison; the values must be what fails.

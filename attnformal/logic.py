@@ -134,6 +134,12 @@ DEFAULT_BUDGET = 300  # millions of units per obligation: over 30x what the cost
 DEFAULT_WALL_S = 3600.0  # the wall-clock safety net per obligation: above what the whole budget takes (~500 s quiet)
 
 
+# Z3 takes SIGINT during a check by default (its ctrl_c parameter): Python never saw the Ctrl-C, and the run
+# went on (a plain solver's query ended unknown, a tactic's kept running; the prover's Ctrl-C test caught it).
+# Off, Python's handler keeps it: a Ctrl-C stops the run when the query running ends (its budget bounds that).
+z3.set_param("ctrl_c", False)
+
+
 class Budget:
     """What one obligation may spend; all of its queries draw on it.
 

@@ -1,6 +1,9 @@
 """The engine: what proved, refuted, unknown and vacuous mean, and how counterexamples read."""
 
 import dataclasses
+import os
+import signal
+import threading
 
 import pytest
 import sympy
@@ -56,6 +59,18 @@ def test_a_spent_resource_budget_is_unknown_never_proved_and_the_units_are_charg
 def test_the_wall_clock_safety_net_interrupts_and_is_not_unknown():
     proof = check_z3("Fermat n = 3", [_fermat_3()], budget=Budget(0.001))
     assert proof.status == INTERRUPTED and "interrupted by time" in proof.detail
+
+
+def test_a_ctrl_c_during_a_check_stops_the_run_when_the_query_ends():
+    # with Z3's own ctrl_c handling (its default) the SIGINT was swallowed: the check ran on to its net and
+    # returned interrupted-by-time, no KeyboardInterrupt (logic.py turns it off)
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            check_z3("Fermat n = 3", [_fermat_3()], budget=Budget(3))
+    finally:
+        timer.cancel()
 
 
 def test_an_exhausted_budget_leaves_the_remaining_queries_undecided():

@@ -135,7 +135,7 @@ DEFAULT_WALL_S = 3600.0  # the wall-clock safety net per obligation: above what 
 
 
 # Z3 takes SIGINT during a check by default (its ctrl_c parameter): Python never saw the Ctrl-C, and the run
-# went on (a plain solver's query ended unknown, a tactic's kept running; the prover's Ctrl-C test caught it).
+# went on (a plain solver's query ended unknown, a tactic's kept running).
 # Off, Python's handler keeps it: a Ctrl-C stops the run when the query running ends (its budget bounds that).
 z3.set_param("ctrl_c", False)
 

@@ -10,6 +10,7 @@ import sys
 import time
 
 from attnformal import proofcache
+from sigint import ctrl_c_reaches_python
 from test_planted_bugs import installed_copy
 
 
@@ -110,7 +111,8 @@ def _read_all(fd) -> str:
 def test_ctrl_c_ends_with_interrupted_exit_130_and_no_report(tmp_path):
     report = tmp_path / "r.json"
     process = subprocess.Popen([sys.executable, "-m", "attnformal.prove", "--no-cache", "--json", str(report)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=ctrl_c_reaches_python)
     _wait_until_workers_run(process.pid)
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=120)

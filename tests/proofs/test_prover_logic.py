@@ -64,6 +64,7 @@ def test_the_wall_clock_safety_net_interrupts_and_is_not_unknown():
 def test_a_ctrl_c_during_a_check_stops_the_run_when_the_query_ends():
     # with Z3's own ctrl_c handling (its default) the SIGINT was swallowed: the check ran on to its net and
     # returned interrupted-by-time, no KeyboardInterrupt (logic.py turns it off)
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)  # ignored when run as a background job
     timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     try:
@@ -71,6 +72,7 @@ def test_a_ctrl_c_during_a_check_stops_the_run_when_the_query_ends():
             check_z3("Fermat n = 3", [_fermat_3()], budget=Budget(3))
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, inherited)
 
 
 def test_an_exhausted_budget_leaves_the_remaining_queries_undecided():

@@ -18,6 +18,7 @@ from attnformal.reference import golden
 from attnformal.reference.__main__ import main
 from attnformal.reference.check import compare, ulp
 from attnformal.testing import tolerance_for
+from sigint import ctrl_c_reaches_python
 
 BROKEN_IMPL = '''
 from attnformal.kernels.torch_tiled import attention
@@ -160,18 +161,12 @@ def exit_code(argv) -> int:
         return exit.code
 
 
-def _ctrl_c_reaches_python():
-    """A child started from a shell's background job inherits SIGINT ignored, and Python then never
-    raises KeyboardInterrupt: give the child the default disposition, as a terminal would."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def test_ctrl_c_cancels_a_long_generation_and_writes_nothing(tmp_path):
     out = tmp_path / "big.npz"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-m", "attnformal.reference", "generate", "--shape",
                              "1,32,32,1024,1024,64", "--dtype", "fp32", "--seed", "1", "--out", str(out)],
-                            stderr=subprocess.PIPE, text=True, env=env, preexec_fn=_ctrl_c_reaches_python)
+                            stderr=subprocess.PIPE, text=True, env=env, preexec_fn=ctrl_c_reaches_python)
     first_line = proc.stderr.readline()  # the estimate comes before any work on the case
     assert first_line.startswith("estimated time:"), first_line
     time.sleep(0.5)

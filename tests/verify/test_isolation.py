@@ -8,6 +8,7 @@ import sys
 import time
 
 from attnformal.verify.__main__ import main
+from sigint import ctrl_c_reaches_python
 
 ZOO = __import__("zoo").__file__
 CRASHES_AND_HANGS = """
@@ -43,12 +44,6 @@ def test_a_crash_and_a_hang_fail_their_checks_and_the_report_is_complete(capsys,
     assert code == 1 and "result: FAIL (crash)" in capsys.readouterr().out
 
 
-def _ctrl_c_reaches_python():
-    """A child started from a shell's background job inherits SIGINT ignored, and Python then never
-    raises KeyboardInterrupt: give the child the default disposition, as a terminal would."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def test_ctrl_c_keeps_the_checks_that_finished(tmp_path):
     """The implementation's results.json holds every finished check; --json, written only by a finished run,
     stays as the run before left it (here: absent)."""
@@ -57,7 +52,7 @@ def test_ctrl_c_keeps_the_checks_that_finished(tmp_path):
     process = subprocess.Popen([sys.executable, "-m", "attnformal.verify", "--impl", f"{ZOO}:attention", "--dtypes",
                                 "float32", "--json", str(named), "--repro-dir", str(tmp_path)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               preexec_fn=_ctrl_c_reaches_python)
+                               preexec_fn=ctrl_c_reaches_python)
     deadline = time.monotonic() + 900  # a first check needs seconds; this is a hang guard
     while not (results.exists() and len(json.loads(results.read_text())["results"]) >= 2):
         assert process.poll() is None and time.monotonic() < deadline, "no check finished"

@@ -134,12 +134,6 @@ DEFAULT_BUDGET = 300  # millions of units per obligation: over 30x what the cost
 DEFAULT_WALL_S = 3600.0  # the wall-clock safety net per obligation: above what the whole budget takes (~500 s quiet)
 
 
-# Z3 takes SIGINT during a check by default (its ctrl_c parameter): Python never saw the Ctrl-C, and the run
-# went on (a plain solver's query ended unknown, a tactic's kept running).
-# Off, Python's handler keeps it: a Ctrl-C stops the run when the query running ends (its budget bounds that).
-z3.set_param("ctrl_c", False)
-
-
 class Budget:
     """What one obligation may spend; all of its queries draw on it.
 
@@ -176,6 +170,10 @@ class Budget:
         units = max(1, int(self.units_left() * share))
         solver.set("rlimit", units if limit is None else min(units, limit))
         solver.set("timeout", max(1, int(min(self.left(), seconds or self.left()) * 1000)))
+        # Z3 takes SIGINT during a check by default: Python never saw the Ctrl-C and the run went on (a plain
+        # solver's query ended unknown, a tactic's kept running). Off, Python's handler keeps it, and a Ctrl-C
+        # stops the run when this check ends (its budget bounds that); the process's other Z3 users keep Z3's.
+        solver.set("ctrl_c", False)
         before = rlimit_count(solver)
         verdict = solver.check(*assumptions)
         used = rlimit_count(solver) - before

@@ -169,7 +169,8 @@ class Budget:
         units it used are charged. Returns ``(verdict, units used)``."""
         units = max(1, int(self.units_left() * share))
         solver.set("rlimit", units if limit is None else min(units, limit))
-        solver.set("timeout", max(1, int(min(self.left(), seconds or self.left()) * 1000)))
+        wall = self.left() if seconds is None else min(self.left(), seconds)
+        solver.set("timeout", max(1, int(wall * 1000)))
         # Z3 takes SIGINT during a check by default: Python never saw the Ctrl-C and the run went on (a plain
         # solver's query ended unknown, a tactic's kept running). Off, Python's handler keeps it, and a Ctrl-C
         # stops the run when this check ends (its budget bounds that); the process's other Z3 users keep Z3's.

@@ -10,6 +10,11 @@
 3. **Judge** (:func:`judge`): the verdict of the run, never a PASS for a run that verified
    nothing.
 
+With ``--fail-fast`` the run stops at the first failing check. When that check's findings name no bug
+class (it saw a symptom: a wrong value, a NaN), the selected checks that name causes
+(``Check.names_causes``) then run in its dtype, for the diagnosis only: they are the report's
+``probes``, outside the verdict and the counts.
+
 Verdicts: ``PASS`` -- every check that ran passed, and enough ran: in every dtype at least
 one check passed, and a forward accuracy check (groups :data:`FORWARD_GROUPS`) when any was
 selected; ``FAIL`` -- a check failed (crash and hang included) or a required feature is
@@ -44,6 +49,7 @@ SUBSTITUTES = ("float16", "bfloat16", "float32")  # tried, in order, for default
 class BatteryReport:
     settings: Settings
     results: list[CheckResult] = field(default_factory=list)
+    probes: list[CheckResult] = field(default_factory=list)  # run after a --fail-fast stop, for the diagnosis only
     seconds: float = 0.0
     cpu_seconds: float = 0.0
     diagnosis: list[Ranked] = field(default_factory=list)
@@ -122,30 +128,51 @@ def _run(settings: Settings, executor, progress, on_result) -> BatteryReport:
         pairs = planned(settings, report.dtypes)
         report.planned = len(pairs)
         tasks = [Task("check", chk.name, dtype_name(dtype), capabilities) for chk, dtype in pairs]
-        for n, (task, result) in enumerate(executor.map(tasks), start=1):
-            write_error_map(settings, result)  # here, where the run's files go, whichever process ran the check
-            report.results.append(result)
-            _clock(report, start, cpu_start)
-            if progress is not None:
-                progress(n, len(tasks), task.label, result)
-            if on_result is not None:
-                on_result(report)
+        clock = start, cpu_start
+        stop = None
+        for n, result in _perform(executor, tasks, report, report.results, clock, progress, on_result):
             if result.failed and settings.fail_fast:
-                report.stopped_early = n < len(tasks)
+                report.stopped_early, stop = n < len(tasks), result
                 break
+        if stop is not None and not summarise([stop]):
+            _probe_causes(executor, report, stop, capabilities, clock, progress, on_result)
         report.state = "complete"
     except KeyboardInterrupt:
         report.state = "interrupted"
     _clock(report, start, cpu_start)
-    report.diagnosis = summarise(report.results)
+    report.diagnosis = summarise(report.results + report.probes)
     report.coverage = run_coverage(report.results, selected_all=not settings.only)
     return report
+
+
+def _perform(executor, tasks, report: BatteryReport, into: list, clock, progress, on_result, prefix=""):
+    """Run ``tasks``; yield ``(n, result)`` after adding each result to ``into`` and reporting it."""
+    for n, (task, result) in enumerate(executor.map(tasks), start=1):
+        write_error_map(report.settings, result)  # here, where the run's files go, whichever process ran the check
+        into.append(result)
+        _clock(report, *clock)
+        if progress is not None:
+            progress(n, len(tasks), prefix + task.label, result)
+        if on_result is not None:
+            on_result(report)
+        yield n, result
+
+
+def _probe_causes(executor, report: BatteryReport, stop: CheckResult, capabilities, clock, progress, on_result):
+    """After a --fail-fast stop at a check whose findings name no class: the selected checks that name causes,
+    not run yet, in its dtype, into ``report.probes``."""
+    ran = {(r.check, r.dtype) for r in report.results}
+    dtype = stop.dtype if stop.dtype in report.dtypes else report.dtypes[0]  # not a fixed-dtype check's float64
+    tasks = [Task("check", chk.name, dtype_name(d), capabilities) for chk, d in planned(report.settings, [dtype])
+             if chk.names_causes and (chk.name, dtype_name(d)) not in ran]
+    for _ in _perform(executor, tasks, report, report.probes, clock, progress, on_result, "for the diagnosis: "):
+        pass
 
 
 def _clock(report: BatteryReport, start: float, cpu_start: float):
     """Wall time, and CPU time of this process plus, when they ran elsewhere, of the checks in the workers."""
     elsewhere = report.settings.isolate or report.settings.distributed
-    worker = sum(r.cpu_seconds for r in report.results) if elsewhere else 0.0
+    worker = sum(r.cpu_seconds for r in report.results + report.probes) if elsewhere else 0.0
     report.seconds, report.cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start + worker
 
 

@@ -125,6 +125,10 @@ def _summary(report: BatteryReport, previous) -> str:
             + f" in {report.seconds:.1f} s ({report.cpu_seconds:.1f} s CPU)")
     if report.stopped_early:
         text += " (stopped at the first failure: --fail-fast)"
+    if report.probes:
+        failed = [r.label for r in report.probes if r.failed]
+        text += (f"\nfor the diagnosis (the failure above names no cause; outside the verdict): {len(report.probes)} "
+                 f"checks that name causes ran after it, {len(failed)} failed" + (f": {', '.join(failed)}" if failed else ""))
     unsupported = _unsupported(report)
     if unsupported:
         text += "\nunsupported: " + unsupported
@@ -180,12 +184,13 @@ def _matrix(matrix: dict) -> list[str]:
 
 
 def _failures(report: BatteryReport) -> str:
-    failed = [r for r in report.results if r.failed]
+    failed = [(r, "") for r in report.results if r.failed] + [(r, " (run for the diagnosis)")
+                                                                  for r in report.probes if r.failed]
     if not failed:
         return ""
     out = ["", "Failures", "--------"]
-    for r in failed:
-        out.append(f"{r.label}: {r.summary}")
+    for r, note in failed:
+        out.append(f"{r.label}: {r.summary}{note}")
         out += [f"    {line}" for d in r.details for line in d.splitlines()]
         for f in r.findings:
             name = f"[{f.bug}] " if f.bug else ""
@@ -212,14 +217,14 @@ def _diagnosis(report: BatteryReport) -> str:
         out.append(f"also: {other.title} [{other.bug}] ({_explains(report, other)}; {len(other.evidence)} findings)")
         out.append(f"    {other.evidence[0]}")
     explained = {label for d in report.diagnosis for label in d.checks}
-    unexplained = [r.label for r in report.results if r.status == "FAIL" and r.label not in explained]
+    unexplained = [r.label for r in report.results + report.probes if r.status == "FAIL" and r.label not in explained]
     if unexplained:
         out.append(f"no class explains: {', '.join(unexplained)} (see the localisation above)")
     return "\n".join(out)
 
 
 def _explains(report: BatteryReport, ranked) -> str:
-    failing = sum(r.status == "FAIL" for r in report.results)
+    failing = sum(r.status == "FAIL" for r in report.results + report.probes)
     return f"explains {len(ranked.checks)} of {failing} failing checks"
 
 
@@ -238,7 +243,8 @@ def to_json(report: BatteryReport, *, results: bool = True) -> dict:
                       for d in report.diagnosis],
         "capabilities": {d: (None if c is None else c.__dict__) for d, c in report.capabilities.items()},
         "coverage": report.coverage, "notes": report.notes,
-    } | ({"results": [r.to_json() for r in report.results]} if results else {})
+    } | ({"results": [r.to_json() for r in report.results],
+          "diagnostic_results": [r.to_json() for r in report.probes]} if results else {})
 
 
 def to_junit(report: BatteryReport) -> str:

@@ -34,15 +34,14 @@ class Specimen:
     diagnosis: str  # the attnformal.verify.diagnosis.BUG_CLASSES id the battery must rank first
     description: str
     dtype: str = "float32"  # the dtype the bug shows in
-    fail_fast: bool = True  # --fail-fast (the first failing check alone) still names the class first
 
 
 ZOO = [
-    Specimen("acc_not_rescaled", "acc_not_rescaled", "the accumulator is not rescaled by alpha", fail_fast=False),
-    Specimen("denominator_not_rescaled", "denominator_not_rescaled", "l is not rescaled by alpha", fail_fast=False),
+    Specimen("acc_not_rescaled", "acc_not_rescaled", "the accumulator is not rescaled by alpha"),
+    Specimen("denominator_not_rescaled", "denominator_not_rescaled", "l is not rescaled by alpha"),
     Specimen("mask_after_max", "mask_after_max", "the row max is taken before masking"),
-    Specimen("finite_fill", "finite_mask_fill", "masked scores are filled with -1e4", fail_fast=False),
-    Specimen("nan_empty_rows", "nan_empty_rows", "out = acc / l without a guard for l = 0", fail_fast=False),
+    Specimen("finite_fill", "finite_mask_fill", "masked scores are filled with -1e4"),
+    Specimen("nan_empty_rows", "nan_empty_rows", "out = acc / l without a guard for l = 0"),
     Specimen("ragged_block", "ragged_block", "the last key block is padded with zero keys and not masked"),
     Specimen("causal_alignment", "causal_alignment", "bottom-right causal computed as top-left"),
     Specimen("causal_off_by_one", "causal_off_by_one", "causal admits key i + 1"),
@@ -54,7 +53,7 @@ ZOO = [
     Specimen("dropout_scaling", "dropout_scaling", "kept values not divided by 1 - p"),
     Specimen("dropout_backward", "dropout_backward", "the backward ignores the dropout mask"),
     Specimen("batch0", "batch_indexing", "every batch reads K and V of batch 0"),
-    Specimen("backward_delta", "backward_delta", "D = rowsum(dO) instead of rowsum(dO * O)", fail_fast=False),
+    Specimen("backward_delta", "backward_delta", "D = rowsum(dO) instead of rowsum(dO * O)"),
     # beyond the issue's list
     Specimen("scale_ignored", "scale_ignored", "the scale argument is ignored (1/sqrt(D) always)"),
     Specimen("kv_lens_ignored", "kv_lens_ignored", "kv_lens is ignored"),
@@ -69,18 +68,16 @@ ZOO = [
     Specimen("dropout_rate", "dropout_rate", "keeps with probability p instead of 1 - p"),
     Specimen("lse_without_max", "lse_wrong", "lse = log(l), the running max forgotten"),
     Specimen("low_precision", "low_precision_accumulation", "m, l and acc kept in the input dtype",
-             dtype="bfloat16", fail_fast=False),
-    Specimen("no_max_subtraction", "unstable_softmax", "exp(s) without subtracting the running max", fail_fast=False),
+             dtype="bfloat16"),
+    Specimen("no_max_subtraction", "unstable_softmax", "exp(s) without subtracting the running max"),
     Specimen("softcap_before_scale", "softcap_wrong", "softcap applied to the unscaled scores"),
-    Specimen("race", "nondeterminism", "each call loses one random key block of one head (a lost update)",
-             fail_fast=False),
+    Specimen("race", "nondeterminism", "each call loses one random key block of one head (a lost update)"),
     Specimen("one_head_scale", "head_specific", "head 0 uses a scale 1.6% too large", dtype="bfloat16"),
     # flash_attn_triton.py's bug: 128-key blocks, exp(s - m) unguarded while m = -inf
     Specimen("first_block_nan", "nan_first_block", "NaN for a row whose first 128 keys are all masked although "
              "later keys are allowed (rows with no key at all are handled)", dtype="float16"),
     # sinks and ALiBi (issue 12)
-    Specimen("sink_not_in_lse", "sink_not_in_lse", "lse leaves the sink out (the output is normalised with it)",
-             fail_fast=False),
+    Specimen("sink_not_in_lse", "sink_not_in_lse", "lse leaves the sink out (the output is normalised with it)"),
     Specimen("sink_value", "sink_value", "the sink enters the accumulator with value 1"),
     Specimen("alibi_sign", "alibi_sign", "ALiBi adds +slope * |distance|"),
     Specimen("alibi_top_left", "alibi_alignment", "ALiBi's distance is |i - j| (top-left), not bottom-right"),
@@ -88,13 +85,13 @@ ZOO = [
     # (with --fail-fast three of these stop at an earlier check's symptom: their names come from the sweeps of
     # their own checks, extreme.masked_dominant, extreme.value_range and fwd.lengths' rows)
     Specimen("finite_sentinel", "finite_mask_sentinel", "masked scores get s - 1e6 instead of -inf (the triton-ascend "
-             "tutorial's fill)", fail_fast=False),
+             "tutorial's fill)"),
     Specimen("fp16_partials", "partials_overflow", "bfloat16 partial outputs stored in float16 (FlagAttention's "
-             "split-KV partials): Inf past 65504", dtype="bfloat16", fail_fast=False),
+             "split-KV partials): Inf past 65504", dtype="bfloat16"),
     Specimen("split_kv_dropout", "shape_regime", "the split-KV path (Sq <= 16, more than 4 key blocks) ignores "
              "dropout"),
     Specimen("ragged_tail_rows", "ragged_block", "refuses lengths that are not multiples of 16, and never writes "
-             "the query rows past the last multiple of 64 (triton-ascend tutorial)", fail_fast=False),
+             "the query rows past the last multiple of 64 (triton-ascend tutorial)"),
     # the diagnosis mistakes of issue 25: each must be named by its cause, not by a symptom
     Specimen("batch_offset", "batch_indexing", "the Triton tutorial's batch offset bug (batches >= 1 are never "
              "written: whatever the memory held) and a non-causal backward that applies the causal mask"),

@@ -35,17 +35,18 @@ class Check:
     doc: str
     fixed_dtype: torch.dtype | None = None  # runs once, in this dtype, whatever --dtypes asks
     full_only: bool = False  # belongs to --profile full only (long sequences)
+    names_causes: bool = False  # its probes name classes earlier checks see only as symptoms (run after --fail-fast)
 
     @property
     def group(self) -> str:
         return self.name.partition(".")[0]
 
 
-def check(name: str, *, fixed_dtype=None, full_only=False):
+def check(name: str, *, fixed_dtype=None, full_only=False, names_causes=False):
     """Register a check; its docstring's first line is what the report says it tests."""
     def register(fn):
         doc = (fn.__doc__ or "").strip().splitlines()[0]
-        CHECKS.append(Check(name, fn, doc, fixed_dtype, full_only))
+        CHECKS.append(Check(name, fn, doc, fixed_dtype, full_only, names_causes))
         return fn
     return register
 

@@ -28,7 +28,7 @@ def random(run):
         run.against_reference(run.random_case(f"random #{n}", sh, grad=False, **kw))
 
 
-@check("fwd.lengths")
+@check("fwd.lengths", names_causes=True)
 def lengths(run):
     """Sequence lengths around block multiples (16 ... 256, +-1), Sq != Sk both ways, query lengths past one
     and two query blocks; lengths an adaptation rounds up are also tried as asked (expected refusals)."""
@@ -319,7 +319,7 @@ def empty_row_cases(run, *, grad):
     ]
 
 
-@check("mask.fully_masked_rows")
+@check("mask.fully_masked_rows", names_causes=True)
 def fully_masked_rows(run):
     """Rows with no allowed key: output exactly 0, never NaN."""
     for case in empty_row_cases(run, grad=False):
@@ -417,7 +417,7 @@ def _scaled_case(run, name, sh, q_scale, k_scale, v_scale=1.0, **kw):
     return make_case(name, q, k, v, run.dtype, run.device, run.seed(name), **kw).with_(adapted=notes)
 
 
-@check("extreme.large_logits")
+@check("extreme.large_logits", names_causes=True)
 def large_logits(run):
     """Logits in the thousands, positive and negative: nearly one-hot rows, no overflow."""
     sh = shape(2, 2, 2, 32, 77, 32)
@@ -490,7 +490,7 @@ def lse_values(run):
 # -- error growth with length
 
 
-@check("errors.length_growth")
+@check("errors.length_growth", names_causes=True)
 def length_growth(run):
     """The error as the key length grows 64 -> 4k (16k in full): it must stay within tolerance."""
     lens = run.pick([64, 256, 1024, 4096], [64, 256, 1024, 4096, 16384])

@@ -126,7 +126,7 @@ def noncontiguous(run):
             run.find("strides_ignored", STRONG, f"{record.case.name}: the same gradients fail only in these layouts")
 
 
-@check("bwd.key_sum")
+@check("bwd.key_sum", names_causes=True)
 def key_sum(run):
     """sum_j dK_j = 0 for every head: softmax is blind to a constant added to a row's logits."""
     sh = shape(2, 4, 2, 30, 45, 32)

@@ -114,7 +114,7 @@ def single_token(run):
         run.against_reference(case, expected=_closed_form(run, case, out))
 
 
-@check("hand.closed_form")
+@check("hand.closed_form", names_causes=True)
 def closed_form(run):
     """Geometric scores s_j = +-j/16 over 256 keys; with V = 1 the output is exactly 1.
 

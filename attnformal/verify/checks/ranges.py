@@ -73,7 +73,7 @@ def dominant_case(run, name, sh, kw, spread):
     return case
 
 
-@check("extreme.masked_dominant")
+@check("extreme.masked_dominant", names_causes=True)
 def masked_dominant(run):
     """Masked keys scoring 1e2, 1e4, 1e6 ... up to near the dtype's maximum above every allowed one, for each
     mask kind (causal, window, kv_lens padding, attn_mask, chunk; full adds top-left causal and prefix-LM):
@@ -123,7 +123,7 @@ def _large_case(run, name, sh, v_scale, do_scale, **kw):
     return case.with_(grad_out=grad_out.to(case.q))
 
 
-@check("extreme.value_range")
+@check("extreme.value_range", names_causes=True)
 def value_range(run):
     """V and dO past float16's range (3e4, 1e5) and near the dtype's maximum: finite outputs and gradients
     (bfloat16 partial results stored in float16 overflow)."""

@@ -105,7 +105,7 @@ def _passes_without_sinks(run, case) -> bool:
 # -- against the reference
 
 
-@check("fwd.sinks")
+@check("fwd.sinks", names_causes=True)
 def sinks(run):
     """Sinks (one head without: -inf) with causal masks, kv_lens and GQA; lse too (empty rows: hand.sinks)."""
     for name, sh, kw in [("sinks", shape(2, 4, 4, 33, 47, 32), {}),

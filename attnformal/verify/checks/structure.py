@@ -60,7 +60,7 @@ def probability_cases(run):
     return [_with_identity_values(c) for c in cases]
 
 
-@check("softmax.probabilities")
+@check("softmax.probabilities", names_causes=True)
 def probabilities(run):
     """V = I: P itself -- masked entries exactly 0, rows sum to 1, >= 0, argmax = largest logit."""
     leaked = {}
@@ -221,7 +221,7 @@ def _poison(t: torch.Tensor, fill, copies=4):
         del junk
 
 
-@check("repeat.calls")
+@check("repeat.calls", names_causes=True)
 def repeat_calls(run):
     """Three identical calls agree (dirty memory freed between them): no race, no uninitialised read."""
     sh = shape(2, 2, 2, 24, 40, 32)

@@ -119,6 +119,14 @@ def test_fail_fast_stops_at_the_first_failure(capsys, tmp_path):
     assert code == 1 and "stopped at the first failure" in out and out.count("FAIL ") == 1
 
 
+def test_fail_fast_names_a_symptom_only_stop_through_the_checks_that_name_causes(capsys, tmp_path):
+    """hand.sinks sees lse = -inf and stops the run; in the isolated worker fwd.sinks then names the cause."""
+    code, out = run(capsys, "--impl", buggy_file(tmp_path, "sink_not_in_lse"), "--dtypes", "float32", "--fail-fast",
+                    "--repro-dir", tmp_path)
+    assert code == 1 and "1 FAIL" in out and "checks that name causes ran after it, 1 failed: fwd.sinks" in out
+    assert "most likely: the attention sink is left out of lse" in out
+
+
 def test_a_kernel_refusing_every_case_is_never_a_pass(capsys, tmp_path):
     refuses = kernel_file(tmp_path, "def attention(q, k, v, **kwargs):\n    raise NotImplementedError('nothing')\n")
     code, out = run(capsys, "--impl", refuses, "--only", "hand.*", "--repro-dir", tmp_path, "--no-isolate")

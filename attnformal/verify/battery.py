@@ -77,6 +77,11 @@ class BatteryReport:
         """The verdict is PASS: every check that ran passed, and enough was verified."""
         return self.verdict == "PASS"
 
+    @property
+    def examined(self) -> list[CheckResult]:
+        """The verdict's results, then those run for the diagnosis only."""
+        return self.results + self.probes
+
     def count(self, status: str) -> int:
         return sum(r.status == status for r in self.results)
 
@@ -140,7 +145,7 @@ def _run(settings: Settings, executor, progress, on_result) -> BatteryReport:
     except KeyboardInterrupt:
         report.state = "interrupted"
     _clock(report, start, cpu_start)
-    report.diagnosis = summarise(report.results + report.probes)
+    report.diagnosis = summarise(report.examined)
     report.coverage = run_coverage(report.results, selected_all=not settings.only)
     return report
 
@@ -172,7 +177,7 @@ def _probe_causes(executor, report: BatteryReport, stop: CheckResult, capabiliti
 def _clock(report: BatteryReport, start: float, cpu_start: float):
     """Wall time, and CPU time of this process plus, when they ran elsewhere, of the checks in the workers."""
     elsewhere = report.settings.isolate or report.settings.distributed
-    worker = sum(r.cpu_seconds for r in report.results + report.probes) if elsewhere else 0.0
+    worker = sum(r.cpu_seconds for r in report.examined) if elsewhere else 0.0
     report.seconds, report.cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start + worker
 
 

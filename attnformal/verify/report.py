@@ -128,7 +128,8 @@ def _summary(report: BatteryReport, previous) -> str:
     if report.probes:
         failed = [r.label for r in report.probes if r.failed]
         text += (f"\nfor the diagnosis (the failure above names no cause; outside the verdict): {len(report.probes)} "
-                 f"checks that name causes ran after it, {len(failed)} failed" + (f": {', '.join(failed)}" if failed else ""))
+                 f"checks that name causes ran after it, {len(failed)} failed"
+                 + (f": {', '.join(failed)}" if failed else ""))
     unsupported = _unsupported(report)
     if unsupported:
         text += "\nunsupported: " + unsupported
@@ -217,14 +218,14 @@ def _diagnosis(report: BatteryReport) -> str:
         out.append(f"also: {other.title} [{other.bug}] ({_explains(report, other)}; {len(other.evidence)} findings)")
         out.append(f"    {other.evidence[0]}")
     explained = {label for d in report.diagnosis for label in d.checks}
-    unexplained = [r.label for r in report.results + report.probes if r.status == "FAIL" and r.label not in explained]
+    unexplained = [r.label for r in report.examined if r.status == "FAIL" and r.label not in explained]
     if unexplained:
         out.append(f"no class explains: {', '.join(unexplained)} (see the localisation above)")
     return "\n".join(out)
 
 
 def _explains(report: BatteryReport, ranked) -> str:
-    failing = sum(r.status == "FAIL" for r in report.results + report.probes)
+    failing = sum(r.status == "FAIL" for r in report.examined)
     return f"explains {len(ranked.checks)} of {failing} failing checks"
 
 

@@ -632,4 +632,8 @@ def _main(argv) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as this module's importable twin, so the verdict cache pickles ``attnformal.prove.ObligationResult``,
+    # not ``__main__.ObligationResult``, which no other entry point (``attnformal prove``, a profiler) can read.
+    from attnformal.prove import main as importable_main
+
+    sys.exit(importable_main())

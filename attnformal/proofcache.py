@@ -22,6 +22,7 @@ everything. Failures are never stored. The folder is ``$ATTNFORMAL_PROVE_CACHE``
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -86,15 +87,24 @@ def _imports(name: str, origin: Path) -> list[str]:
     x`` names the submodule ``package.x`` when there is one, else the package itself."""
     package = name if origin.name == "__init__.py" else name.rpartition(".")[0]
     out = []
-    for node in ast.walk(ast.parse(origin.read_text(), str(origin))):
-        if isinstance(node, ast.Import):
-            out += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = _absolute(node, package)
-            for alias in node.names:
-                submodule = f"{base}.{alias.name}"
-                out.append(submodule if _origin(submodule) is not None else base)
+    for base, names in _import_statements(package, origin.read_text()):
+        if names is None:
+            out.append(base)
+        else:
+            out += [submodule if _origin(submodule := f"{base}.{alias}") is not None else base for alias in names]
     return out
+
+
+@functools.lru_cache(maxsize=None)  # keyed by the text: every obligation shares the spec's modules, parse each once
+def _import_statements(package: str, text: str) -> tuple:
+    """``(module, None)`` for each ``import module``, ``(base, names)`` for each ``from base import names``."""
+    out = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            out += [(alias.name, None) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            out.append((_absolute(node, package), tuple(alias.name for alias in node.names)))
+    return tuple(out)
 
 
 def _absolute(node: ast.ImportFrom, package: str) -> str:
@@ -104,6 +114,7 @@ def _absolute(node: ast.ImportFrom, package: str) -> str:
     return f"{base}.{node.module}" if node.module else base
 
 
+@functools.lru_cache(maxsize=None)  # installed packages do not change under a running process
 def versions() -> dict[str, str]:
     """The versions that are part of every key (read from the installed metadata: nothing is imported)."""
     out = {"python": platform.python_version(), "implementation": sys.implementation.name}

@@ -58,6 +58,30 @@ def test_an_unchanged_obligation_comes_from_the_cache_and_a_changed_line_it_impo
     assert "(cached, key" not in _prove("--only", "gqa", "--no-cache", env=env, cwd=tmp_path).stdout
 
 
+def test_a_cache_filled_by_python_m_is_read_by_every_entry_point(tmp_path):
+    # run as ``-m``, the module is ``__main__``: its results must still pickle under ``attnformal.prove``
+    env = _copy_env(tmp_path)
+    assert _prove("--only", "gqa", env=env, cwd=tmp_path).returncode == 0
+    for entry in (["-c", "import sys; from attnformal.prove import main; sys.exit(main(['--only', 'gqa']))"],
+                  ["-m", "attnformal.command", "prove", "--only", "gqa"]):
+        result = subprocess.run([sys.executable, *entry], capture_output=True, text=True, env=env, cwd=tmp_path)
+        assert result.returncode == 0 and "proved (cached, key" in result.stdout, (entry, result.stdout)
+
+
+def test_an_import_added_in_the_same_process_is_followed():
+    # the parsed import statements are memoised by the file's text, so a new import is never missed
+    path = proofcache._origin("attnformal.proofs.gqa")
+    text = path.read_text()
+    before = proofcache._imports("attnformal.proofs.gqa", path)
+    read = proofcache.Path.read_text
+    try:
+        proofcache.Path.read_text = lambda self: text + "\nimport attnformal.proofs.ieee\n" if self == path else read(self)
+        after = proofcache._imports("attnformal.proofs.gqa", path)
+    finally:
+        proofcache.Path.read_text = read
+    assert "attnformal.proofs.ieee" not in before and "attnformal.proofs.ieee" in after
+
+
 def _key(name, **settings):
     from attnformal.logic import Settings
     from attnformal.proofs import OBLIGATIONS

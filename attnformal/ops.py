@@ -353,10 +353,15 @@ def family(*xs):
     An object that brings its own family wins over the Z3 Bool or plain number beside it, as in
     ``where(z3_condition, extended_real, 0.0)``; numpy arrays still go element by element first.
     """
-    modules = [type(x).__module__.partition(".")[0] for x in xs]
+    return _family_of_types(tuple(map(type, xs)))
+
+
+@functools.cache  # decided by the argument types alone: the enumerations call ``family`` millions of times
+def _family_of_types(types):
+    modules = [t.__module__.partition(".")[0] for t in types]
     if "numpy" not in modules:
-        for x in xs:
-            own = getattr(type(x), "__attn_ops__", None)
+        for t in types:
+            own = getattr(t, "__attn_ops__", None)
             if own is not None:
                 return own
     for module in modules:

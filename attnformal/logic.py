@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import random
 import signal
@@ -440,21 +441,50 @@ def _unknown(solver, query: Query, budget: Budget, about: str = "") -> Proof:
 
 
 class TermIndex:
-    """Every distinct subterm of a query, found in one DAG walk; axioms instantiate from it."""
+    """Every distinct subterm of a query, found in one DAG walk, inner terms before the terms that
+    contain them; axioms instantiate from it.
+
+    The walk reads Z3's own AST handles and wraps a subterm only when it is asked for: queries share
+    thousands of subterms, and a Python wrapper per node was most of the tile obligations' time. The
+    handles stay valid because ``roots`` holds the terms they are part of.
+    """
 
     def __init__(self, roots: Iterable[z3.ExprRef]):
         self.roots = list(roots)
-        self.subterms, self._by_decl, stack = {}, {}, list(self.roots)
-        while stack:
-            term = stack.pop()
-            if not z3.is_app(term) or term.get_id() in self.subterms:
-                continue
-            self.subterms[term.get_id()] = term
-            self._by_decl.setdefault(term.decl().name(), []).append(term)
-            stack.extend(term.children())
+        self._nodes = []  # (handle, context, decl id, decl kind), post-order
+        seen, apps = set(), (z3.Z3_APP_AST, z3.Z3_NUMERAL_AST)
+        for root in self.roots:
+            context, ref = root.ctx, root.ctx_ref()
+            stack = [(root.as_ast(), False)]
+            while stack:
+                ast, expanded = stack.pop()
+                if expanded:
+                    decl = z3.Z3_get_app_decl(ref, ast)
+                    self._nodes.append((ast, context, z3.Z3_get_ast_id(ref, z3.Z3_func_decl_to_ast(ref, decl)),
+                                        z3.Z3_get_decl_kind(ref, decl)))
+                    continue
+                if z3.Z3_get_ast_kind(ref, ast) not in apps or (number := z3.Z3_get_ast_id(ref, ast)) in seen:
+                    continue
+                seen.add(number)
+                stack.append((ast, True))
+                stack += [(z3.Z3_get_app_arg(ref, ast, i), False)
+                          for i in reversed(range(z3.Z3_get_app_num_args(ref, ast)))]
+
+    @functools.cached_property
+    def subterms(self) -> dict[int, z3.ExprRef]:
+        """``{id: term}`` of every distinct subterm."""
+        return {term.get_id(): term for term in self._wrapped(lambda decl, kind: True)}
 
     def applications(self, decl: z3.FuncDeclRef) -> list[z3.ExprRef]:
-        return [t for t in self._by_decl.get(decl.name(), []) if t.decl().eq(decl)]
+        number = decl.get_id()
+        return self._wrapped(lambda declared, kind: declared == number)
+
+    def of_kind(self, operator: int) -> list[z3.ExprRef]:
+        """The applications of a built-in Z3 operator (``z3.Z3_OP_IDIV``, ``z3.Z3_OP_MUL``, ...)."""
+        return self._wrapped(lambda decl, kind: kind == operator)
+
+    def _wrapped(self, keep):
+        return [z3.z3._to_expr_ref(ast, context) for ast, context, decl, kind in self._nodes if keep(decl, kind)]
 
 
 def applications(terms: Iterable[z3.ExprRef], decl: z3.FuncDeclRef) -> list[z3.ExprRef]:

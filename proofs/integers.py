@@ -116,11 +116,9 @@ def floor_division(lemma: Proof) -> Axiom:
     (and ``k`` the quotient itself: ``n q <= x < n q + n``)."""
 
     def instances(index: TermIndex):
-        products = [t for t in index.subterms.values() if z3.is_mul(t) and t.num_args() == 2]
+        products = [t for t in index.of_kind(z3.Z3_OP_MUL) if t.num_args() == 2]
         out = []
-        for q in index.subterms.values():
-            if not z3.is_app_of(q, z3.Z3_OP_IDIV):
-                continue
+        for q in index.of_kind(z3.Z3_OP_IDIV):
             x, n = q.children()
             factors = [q] + [a for t in products for a, b in (t.children(), t.children()[::-1]) if b.eq(n)]
             for k in {f.get_id(): f for f in factors}.values():
@@ -195,10 +193,10 @@ def _small_factors(formulas):
     """Substitutions that make the formulas linear: every divisor, and one factor of every other product
     of two symbols (the one in the most products), fixed to small values, every combination of
     :data:`TRIAL_VALUES`, smallest sum first (a chunk may need to hold three rows of one-row blocks)."""
-    divisors = {t.arg(1).get_id(): t.arg(1) for t in _postorder(formulas, lambda t: z3.is_app_of(t, z3.Z3_OP_IDIV))
+    divisors = {t.arg(1).get_id(): t.arg(1) for t in _postorder(formulas, z3.Z3_OP_IDIV)
                 if z3.is_const(t.arg(1)) and not z3.is_int_value(t.arg(1))}
-    products = [_factors(t) for t in _postorder([z3.simplify(f, som=True) for f in formulas],
-                                                 lambda t: z3.is_mul(t) and len(_factors(t)) == 2)]
+    products = [_factors(t) for t in _postorder([z3.simplify(f, som=True) for f in formulas], z3.Z3_OP_MUL,
+                                                 lambda t: len(_factors(t)) == 2)]
     count = {}
     for factor in (f for pair in products for f in pair):
         count[factor.get_id()] = count.get(factor.get_id(), 0) + 1
@@ -213,27 +211,14 @@ def _small_factors(formulas):
     return [[(s, z3.IntVal(v)) for s, v in zip(symbols, values)] for values in choices] if symbols else []
 
 
-def _postorder(formulas, keep):
-    """The distinct subterms ``keep`` picks, inner ones before the terms that contain them."""
-    found, seen = [], set()
-
-    def visit(term):
-        if not z3.is_app(term) or term.get_id() in seen:
-            return
-        seen.add(term.get_id())
-        for child in term.children():
-            visit(child)
-        if keep(term):
-            found.append(term)
-
-    for formula in formulas:
-        visit(formula)
-    return found
+def _postorder(formulas, operator, keep=lambda term: True):
+    """The distinct applications of Z3 ``operator`` that ``keep`` picks, inner ones before the terms that contain them."""
+    return [term for term in TermIndex(formulas).of_kind(operator) if keep(term)]
 
 
 def _quotients_as_variables(formulas):
     """``formulas`` with each ``x div n`` (``n`` not a number) a fresh variable ``q``, and ``(x, n, q)``."""
-    divisions = _postorder(formulas, lambda t: z3.is_app_of(t, z3.Z3_OP_IDIV) and not z3.is_int_value(t.arg(1)))
+    divisions = _postorder(formulas, z3.Z3_OP_IDIV, lambda t: not z3.is_int_value(t.arg(1)))
     substitution, quotients = [], []
     for index, term in enumerate(divisions):
         x, n = (z3.substitute(a, *substitution) if substitution else a for a in term.children())
@@ -250,8 +235,8 @@ def _factors(term):
 def _products_as_variables(groups):
     """Each group of formulas with each product of two or more symbols a fresh variable ``p`` (a numeric
     coefficient stays outside), and ``(factors, p)`` for the products of exactly two."""
-    products = _postorder([f for group in groups for f in group],
-                          lambda t: z3.is_mul(t) and len(_factors(t)) >= 2)
+    products = _postorder([f for group in groups for f in group], z3.Z3_OP_MUL,
+                          lambda t: len(_factors(t)) >= 2)
     substitution, variables, two = [], {}, []
     for term in products:
         factors = _factors(term)

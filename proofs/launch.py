@@ -91,8 +91,8 @@ def specs(min_len_q=0):
 def expected_classes(sched: TileSchedule, spec: AttentionSpec):
     """``[b][bm][bn]`` from ``tile_class`` on Python ints, batch element by batch element."""
     rows, cols = range(sched.num_q_blocks(spec.geometry())), range(sched.num_kv_blocks(spec.geometry()))
-    return [[[schedule.tile_class(bm, bn, spec.geometry(b), sched.block_m, sched.block_n) for bn in cols]
-             for bm in rows] for b in range(spec.batch)]
+    return [[[schedule.tile_class(bm, bn, g, sched.block_m, sched.block_n) for bn in cols] for bm in rows]
+            for g in map(spec.geometry, range(spec.batch))]
 
 
 def class_tables(schedules, budget: Budget):
@@ -161,8 +161,9 @@ def row_intervals(triton_flash, budget: Budget):
     def cases():
         for label, spec in (*specs(min_len_q=1), *huge_window_specs()):
             lo, hi = (t.tolist() for t in triton_flash._row_interval_tables(spec))
-            wrong = [(b, i, j) for b in range(spec.batch) for i in range(spec.len_q) for j in range(spec.len_k)
-                     if (lo[b][i] <= j <= hi[b][i]) != bool(masks.may_attend(i, j, spec.geometry(b)))]
+            wrong = [(b, i, j) for b, g in enumerate(map(spec.geometry, range(spec.batch)))
+                     for i in range(spec.len_q) for j in range(spec.len_k)
+                     if (lo[b][i] <= j <= hi[b][i]) != bool(masks.may_attend(i, j, g))]
             yield label, not wrong, {"(b, i, j) differing": wrong[:4], "row_lo": lo, "row_hi": hi}
 
     return check_exhaustively("(c) the Triton row intervals keep exactly the keys may_attend(i, j, spec.geometry(b)) "

@@ -68,17 +68,14 @@ def test_a_cache_filled_by_python_m_is_read_by_every_entry_point(tmp_path):
         assert result.returncode == 0 and "proved (cached, key" in result.stdout, (entry, result.stdout)
 
 
-def test_an_import_added_in_the_same_process_is_followed():
+def test_an_import_added_in_the_same_process_is_followed(monkeypatch):
     # the parsed import statements are memoised by the file's text, so a new import is never missed
     path = proofcache._origin("attnformal.proofs.gqa")
-    text = path.read_text()
+    text, read = path.read_text(), proofcache.Path.read_text
     before = proofcache._imports("attnformal.proofs.gqa", path)
-    read = proofcache.Path.read_text
-    try:
-        proofcache.Path.read_text = lambda self: text + "\nimport attnformal.proofs.ieee\n" if self == path else read(self)
-        after = proofcache._imports("attnformal.proofs.gqa", path)
-    finally:
-        proofcache.Path.read_text = read
+    monkeypatch.setattr(proofcache.Path, "read_text",
+                        lambda self: text + "\nimport attnformal.proofs.ieee\n" if self == path else read(self))
+    after = proofcache._imports("attnformal.proofs.gqa", path)
     assert "attnformal.proofs.ieee" not in before and "attnformal.proofs.ieee" in after
 
 

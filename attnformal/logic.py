@@ -147,6 +147,7 @@ class Budget:
     def __init__(self, seconds: float = DEFAULT_WALL_S, rlimit: int = DEFAULT_BUDGET * RLIMIT_UNIT):
         self.seconds, self.rlimit, self.used = seconds, rlimit, 0
         self.end = time.monotonic() + seconds
+        self._last_check = None  # (solver, units given, units used, seconds given, seconds taken)
 
     def left(self) -> float:
         """Wall seconds left before the safety net."""
@@ -176,21 +177,32 @@ class Budget:
         # solver's query ended unknown, a tactic's kept running). Off, Python's handler keeps it, and a Ctrl-C
         # stops the run when this check ends (its budget bounds that); the process's other Z3 users keep Z3's.
         solver.set("ctrl_c", False)
-        before = rlimit_count(solver)
+        before, started = rlimit_count(solver), time.monotonic()
         verdict = solver.check(*assumptions)
         used = rlimit_count(solver) - before
         self.used += used
+        self._last_check = (solver, units if limit is None else min(units, limit), used, wall,
+                            time.monotonic() - started)
         return verdict, used
 
     def unknown_reason(self, solver) -> tuple[str, str]:
         """``(status, detail)`` of a check that came back unknown: interrupted if the wall clock
         ended it, else unknown (the units ran out, or Z3 gave up)."""
         reason = solver.reason_unknown()
-        if reason == "timeout" or self.left() <= 0:
+        if reason == "timeout" or self.left() <= 0 or self._stopped_by_the_clock(solver):
             return INTERRUPTED, f"interrupted by time: the wall-clock safety net ({self.seconds:g} s) ran out"
         if reason in ("canceled", "max. resource limit exceeded") or self.units_left() <= 0:
             return UNKNOWN, f"the deterministic budget ran out ({reason}; {self.rlimit / RLIMIT_UNIT:g} M units)"
         return UNKNOWN, reason
+
+
+    def _stopped_by_the_clock(self, solver) -> bool:
+        """Whether this solver's last check ran its whole wall time with units to spare: Z3 then says
+        "canceled" as often as "timeout" (seen in CI under load), the same word its tactics use for units."""
+        if self._last_check is None or self._last_check[0] is not solver:
+            return False
+        _, units_given, units_used, seconds_given, seconds_taken = self._last_check
+        return units_used < units_given and seconds_taken >= seconds_given
 
 
 def rlimit_count(solver) -> int:

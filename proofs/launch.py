@@ -50,14 +50,16 @@ MAX_BOUND, MAX_REACH = 40, 20
 def checks(settings: Settings, budget: Budget):
     schedules = (*SCHEDULES, *(s for _, s in overriding(settings)))  # a named schedule's own class_table too
     triton_flash = _triton_host()
-    tables = class_tables(schedules, budget)
+    cases, expected = domain(), {}  # built once, shared by (a), (b) and (c)
+    tables = class_tables(schedules, budget, cases, expected)
     if triton_flash is None:
         tables = tables.but(detail=tables.detail + "; the Triton host tables and row intervals were NOT checked: "
                                                    "triton is not installed")
     yield tables
     if triton_flash is not None:
-        yield triton_tables(triton_flash, schedules, budget)
-        yield row_intervals(triton_flash, budget)
+        with_queries = [case for case in cases if case[1].len_q >= 1]
+        yield triton_tables(triton_flash, schedules, budget, with_queries, expected)
+        yield row_intervals(triton_flash, budget, with_queries)
 
 
 def _triton_host():
@@ -88,23 +90,37 @@ def specs(min_len_q=0):
                    f"prefix={prefix}, attn_mask={has_mask}"), spec
 
 
-def expected_classes(sched: TileSchedule, spec: AttentionSpec):
+def domain(min_len_q=0):
+    """``(label, spec, geometries)``: :func:`specs` with each batch element's geometry, computed once."""
+    return [(label, spec, [spec.geometry(b) for b in range(spec.batch)]) for label, spec in specs(min_len_q)]
+
+
+def expected_classes(sched: TileSchedule, spec: AttentionSpec, geometries):
     """``[b][bm][bn]`` from ``tile_class`` on Python ints, batch element by batch element."""
     rows, cols = range(sched.num_q_blocks(spec.geometry())), range(sched.num_kv_blocks(spec.geometry()))
     return [[[schedule.tile_class(bm, bn, g, sched.block_m, sched.block_n) for bn in cols] for bm in rows]
-            for g in map(spec.geometry, range(spec.batch))]
+            for g in geometries]
 
 
-def class_tables(schedules, budget: Budget):
-    def cases():
-        for label, spec in specs():
+def _expected(memo, sched, label, spec, geometries):
+    """:func:`expected_classes`, once per case and schedule for every table compared with it."""
+    if (label, sched) not in memo:
+        memo[(label, sched)] = expected_classes(sched, spec, geometries)
+    return memo[(label, sched)]
+
+
+def class_tables(schedules, budget: Budget, cases=None, memo=None):
+    memo = {} if memo is None else memo
+
+    def compared():
+        for label, spec, geometries in domain() if cases is None else cases:
             for sched in schedules:
-                table, expected = sched.class_table(spec).tolist(), expected_classes(sched, spec)
+                table, expected = sched.class_table(spec).tolist(), _expected(memo, sched, label, spec, geometries)
                 wrong = _first_difference(table, expected)
                 yield f"{label}; {sched}", wrong is None, {"[b, bm, bn]": wrong, "class_table": table,
                                                           "tile_class": expected}
 
-    return check_exhaustively("(a) class_table[b, bm, bn] = tile_class(bm, bn, spec.geometry(b))", cases(),
+    return check_exhaustively("(a) class_table[b, bm, bn] = tile_class(bm, bn, spec.geometry(b))", compared(),
                               domain=DOMAIN, budget=budget)
 
 
@@ -117,30 +133,28 @@ def _first_difference(table, expected):
     return None
 
 
-def triton_tables(triton_flash, schedules, budget: Budget):
-    def cases():
-        for label, spec in specs(min_len_q=1):
+def triton_tables(triton_flash, schedules, budget: Budget, cases, memo):
+    def compared():
+        for label, spec, geometries in cases:
             for sched in schedules:
                 classes, q_ranges, kv_ranges, kv_splits = (t.tolist() for t in triton_flash._schedule_tables(
                     sched, triton_flash._IndexGeometry(spec), "cpu")[:4])
-                expected = expected_classes(sched, spec)
+                expected = _expected(memo, sched, label, spec, geometries)
                 got = {"classes": classes, "q_ranges": q_ranges, "kv_ranges": kv_ranges, "kv_splits": kv_splits}
                 want = {"classes": expected, "q_ranges": [_query_intervals(c) for c in expected],
-                        "kv_ranges": [[_bounds(r) for r in _per_block(sched.kv_range, sched, spec, b)]
-                                      for b in range(spec.batch)],
+                        "kv_ranges": [[_bounds(r) for r in _per_block(sched.kv_range, sched, g)] for g in geometries],
                         "kv_splits": [[[_bounds(r) for r in parts] for parts in
-                                       _per_block(sched.split_ranges, sched, spec, b)] for b in range(spec.batch)]}
+                                       _per_block(sched.split_ranges, sched, g)] for g in geometries]}
                 wrong = [name for name in got if got[name] != want[name]]
                 yield (f"{label}; {sched}", not wrong,
                        {"table": ", ".join(wrong), **{f"{n} (host)": got[n] for n in wrong},
                         **{f"{n} (schedule)": want[n] for n in wrong}})
 
     return check_exhaustively("(b) the Triton host tables are the schedule's: classes, q_ranges, kv_ranges, "
-                              "kv_splits", cases(), domain=TRITON_DOMAIN, budget=budget)
+                              "kv_splits", compared(), domain=TRITON_DOMAIN, budget=budget)
 
 
-def _per_block(method, sched, spec, b):
-    g = spec.geometry(b)
+def _per_block(method, sched, g):
     return [method(bm, g) for bm in range(sched.num_q_blocks(g))]
 
 
@@ -157,17 +171,16 @@ def _query_intervals(classes):
     return out
 
 
-def row_intervals(triton_flash, budget: Budget):
-    def cases():
-        for label, spec in (*specs(min_len_q=1), *huge_window_specs()):
+def row_intervals(triton_flash, budget: Budget, cases=None):
+    def compared():
+        for label, spec, geometries in (*(domain(min_len_q=1) if cases is None else cases), *huge_window_specs()):
             lo, hi = (t.tolist() for t in triton_flash._row_interval_tables(spec))
-            wrong = [(b, i, j) for b, g in enumerate(map(spec.geometry, range(spec.batch)))
-                     for i in range(spec.len_q) for j in range(spec.len_k)
+            wrong = [(b, i, j) for b, g in enumerate(geometries) for i in range(spec.len_q) for j in range(spec.len_k)
                      if (lo[b][i] <= j <= hi[b][i]) != bool(masks.may_attend(i, j, g))]
             yield label, not wrong, {"(b, i, j) differing": wrong[:4], "row_lo": lo, "row_hi": hi}
 
     return check_exhaustively("(c) the Triton row intervals keep exactly the keys may_attend(i, j, spec.geometry(b)) "
-                              "allows", cases(), domain=f"{TRITON_DOMAIN}; windows with bounds {HUGE}",
+                              "allows", compared(), domain=f"{TRITON_DOMAIN}; windows with bounds {HUGE}",
                               budget=budget)
 
 
@@ -178,8 +191,8 @@ def huge_window_specs():
     for len_q, len_k in itertools.product(range(1, MAX_LENGTH + 1), range(MAX_LENGTH + 1)):
         q, k = torch.zeros(1, 1, len_q, 1), torch.zeros(1, 1, len_k, 1)
         for window in ((HUGE, 0), (0, HUGE), (HUGE, HUGE), (-HUGE, HUGE)):
-            yield (f"Sq={len_q}, Sk={len_k}, window={window}",
-                   AttentionSpec.from_inputs(q, k, k, causal="bottom_right", window=window))
+            spec = AttentionSpec.from_inputs(q, k, k, causal="bottom_right", window=window)
+            yield f"Sq={len_q}, Sk={len_k}, window={window}", spec, [spec.geometry(0)]
 
 
 # ---- negative controls

@@ -116,11 +116,16 @@ def floor_division(lemma: Proof) -> Axiom:
     (and ``k`` the quotient itself: ``n q <= x < n q + n``)."""
 
     def instances(index: TermIndex):
-        products = [t for t in index.of_kind(z3.Z3_OP_MUL) if t.num_args() == 2]
+        partners = {}  # a factor's id -> the other factor of each product of two it is in
+        for product in index.of_kind(z3.Z3_OP_MUL):
+            if product.num_args() == 2:
+                a, b = product.children()
+                partners.setdefault(b.get_id(), []).append(a)
+                partners.setdefault(a.get_id(), []).append(b)
         out = []
         for q in index.of_kind(z3.Z3_OP_IDIV):
             x, n = q.children()
-            factors = [q] + [a for t in products for a, b in (t.children(), t.children()[::-1]) if b.eq(n)]
+            factors = [q] + partners.get(n.get_id(), [])
             for k in {f.get_id(): f for f in factors}.values():
                 out.append(z3.Implies(n >= 1, z3.And((q <= k) == (x < (k + 1) * n), (k <= q) == (k * n <= x))))
         return out

@@ -174,9 +174,10 @@ class Budget:
         own calibrated budget) and the wall time left (at most ``seconds``, a search's own net); the
         units it used are charged. Returns ``(verdict, units used)``."""
         units = max(1, int(self.units_left() * share))
-        solver.set("rlimit", units if limit is None else min(units, limit))
-        wall = self.left() if seconds is None else min(self.left(), seconds)
-        solver.set("timeout", max(1, int(wall * 1000)))
+        units = units if limit is None else min(units, limit)
+        solver.set("rlimit", units)
+        milliseconds = max(1, int(1000 * (self.left() if seconds is None else min(self.left(), seconds))))
+        solver.set("timeout", milliseconds)
         # Z3 takes SIGINT during a check by default: Python never saw the Ctrl-C and the run went on (a plain
         # solver's query ended unknown, a tactic's kept running). Off, Python's handler keeps it, and a Ctrl-C
         # stops the run when this check ends (its budget bounds that); the process's other Z3 users keep Z3's.
@@ -185,8 +186,7 @@ class Budget:
         verdict = solver.check(*assumptions)
         used = rlimit_count(solver) - before
         self.used += used
-        self._last_check = (solver, units if limit is None else min(units, limit), used, wall,
-                            time.monotonic() - started)
+        self._last_check = (solver, units, used, milliseconds / 1000, time.monotonic() - started)
         return verdict, used
 
     def unknown_reason(self, solver) -> tuple[str, str]:

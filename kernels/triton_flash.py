@@ -537,8 +537,8 @@ class _IndexGeometry:
     feature's value for it, and whether mask data is given: that decides FULL tiles)."""
 
     def __init__(self, spec: AttentionSpec):
-        self.spec = spec
-        self.key = (spec.batch, spec.len_q, spec.len_k, tuple(spec.geometry(b) for b in range(spec.batch)))
+        self.spec, self.per_batch = spec, tuple(spec.geometry(b) for b in range(spec.batch))
+        self.key = (spec.batch, spec.len_q, spec.len_k, self.per_batch)
 
     def __eq__(self, other):
         return self.key == other.key
@@ -555,10 +555,10 @@ def _schedule_tables(schedule: TileSchedule, geometry: _IndexGeometry, device):
     (dQ loops), ``kv_splits [B, nM, splits, 2]`` (forward loops) and the row intervals
     ``row_lo, row_hi [B, Sq]`` (:func:`_row_interval_tables`).
     """
-    spec = geometry.spec
+    spec, per_batch = geometry.spec, geometry.per_batch
     classes = schedule.class_table(spec).to(torch.int32).contiguous()
-    per_geometry = {g: _block_ranges(schedule, g) for g in map(spec.geometry, range(spec.batch))}
-    ranges = [per_geometry[spec.geometry(b)] for b in range(spec.batch)]
+    per_geometry = {g: _block_ranges(schedule, g) for g in per_batch}
+    ranges = [per_geometry[g] for g in per_batch]
     tables = (classes, _q_block_ranges(classes), torch.stack([r[0] for r in ranges]),
               torch.stack([r[1] for r in ranges]), *_row_interval_tables(spec))
     return tuple(t.to(device) for t in tables)

@@ -487,9 +487,9 @@ def _unchecked(name: str):
     return getattr(z3, name).__defaults__[-1].f
 
 
-_ast_kind, _ast_id, _app_decl, _decl_ast, _decl_kind, _app_num_args, _app_arg = map(_unchecked, (
+_ast_kind, _ast_id, _app_decl, _decl_ast, _decl_kind, _app_num_args, _app_arg, _quantifier_body = map(_unchecked, (
     "Z3_get_ast_kind", "Z3_get_ast_id", "Z3_get_app_decl", "Z3_func_decl_to_ast", "Z3_get_decl_kind",
-    "Z3_get_app_num_args", "Z3_get_app_arg"))
+    "Z3_get_app_num_args", "Z3_get_app_arg", "Z3_get_quantifier_body"))
 
 
 class TermIndex:
@@ -498,10 +498,12 @@ class TermIndex:
 
     The walk reads Z3's own AST handles and wraps a subterm only when it is asked for: queries share
     thousands of subterms, and a Python wrapper per node was most of the tile obligations' time. The
-    handles stay valid because ``roots`` holds the terms they are part of.
+    handles stay valid because ``roots`` holds the terms they are part of. ``quantified``: walk into
+    quantifier bodies too (their subterms may hold bound variables: no place to instantiate axioms, but
+    where the TTIR prover finds every read of a memory).
     """
 
-    def __init__(self, roots: Iterable[z3.ExprRef]):
+    def __init__(self, roots: Iterable[z3.ExprRef], quantified: bool = False):
         self.roots = list(roots)
         self._nodes = []  # (handle, context, decl id, decl kind), post-order
         seen, decls, apps = set(), {}, (z3.Z3_APP_AST, z3.Z3_NUMERAL_AST)
@@ -517,7 +519,13 @@ class TermIndex:
                         known = decls[decl.value] = (_ast_id(ref, _decl_ast(ref, decl)), _decl_kind(ref, decl))
                     self._nodes.append((ast, context, *known))
                     continue
-                if _ast_kind(ref, ast) not in apps or (number := _ast_id(ref, ast)) in seen:
+                kind = _ast_kind(ref, ast)
+                if (kind not in apps and not (quantified and kind == z3.Z3_QUANTIFIER_AST)) \
+                        or (number := _ast_id(ref, ast)) in seen:
+                    continue
+                if kind == z3.Z3_QUANTIFIER_AST:
+                    seen.add(number)
+                    stack.append((_quantifier_body(ref, ast), False))
                     continue
                 seen.add(number)
                 stack.append((ast, True))

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 import z3
 
-from attnformal.logic import DEFAULT_WALL_S, PROVED, REFUTED, RLIMIT_UNIT, UNKNOWN, VACUOUS, Budget, Proof
+from attnformal.logic import (DEFAULT_WALL_S, PROVED, REFUTED, RLIMIT_UNIT, UNKNOWN, VACUOUS, Budget, Proof,
+                              TermIndex)
 from attnformal.ttir.interpret import Unsupported, interpret
 from attnformal.ttir.launch import LaunchDescription, TensorRole
 from attnformal.ttir.lower import lower
@@ -81,31 +82,18 @@ class Setting:
         """The contracts of the table entries the terms read, at the candidate indices the theorem names
         (``context["at"][table]``), as ``offset == layout(index) => contract`` (Z3 then only has to match
         the kernel's offset)."""
-        facts, context = [], context or {}
+        facts, context, subterms = [], context or {}, TermIndex(terms, quantified=True)
         for name, role in self.launch.tensors.items():
             if role.contract is None:
                 continue
             memory = z3.Function(f"{name}_value", z3.IntSort(), z3.IntSort())
-            for application in _applications(terms, memory):
+            for application in subterms.applications(memory):
                 offset = application.arg(0)
                 for index in context.get("at", {}).get(name, ()):
                     in_range = [z3.And(0 <= x, x < n) for x, n in zip(index, self.dims(role))]
                     facts.append(z3.Implies(z3.And(offset == self.layout(role, index), *in_range),
                                             role.contract(index, application, self.sizes, self.config, context)))
         return facts
-
-
-def _applications(terms, decl):
-    found, seen, stack = [], set(), list(terms)
-    while stack:
-        term = stack.pop()
-        if term.get_id() in seen:
-            continue
-        seen.add(term.get_id())
-        if z3.is_app(term) and term.decl() == decl:
-            found.append(term)
-        stack.extend(term.children())
-    return found
 
 
 @dataclass(frozen=True)

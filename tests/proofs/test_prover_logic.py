@@ -45,6 +45,16 @@ def test_inconsistent_axioms_are_caught_by_the_same_check():
     assert check_z3("x = x", [Query(x == x)], budget=Budget(10), axioms=(absurd,)).status == VACUOUS
 
 
+def test_a_valid_lemma_is_left_out_of_the_vacuity_check_and_nothing_else_is():
+    # valid=True is a promise that its instances hold in every model: the same false "lemma" x < 0 against
+    # the hypothesis x > 0 is caught as vacuous when it is not marked valid, and trusted when it is
+    x = z3.Int("x")
+    query = Query(x == 1, (("x > 0", x > 0),))
+    for valid, status in ((False, VACUOUS), (True, PROVED)):
+        lemma = Axiom("x < 0", "x < 0", "test", lambda index: [x < 0], valid=valid)
+        assert check_z3("x = 1", [query], budget=Budget(10), axioms=(lemma,)).status == status, valid
+
+
 def _fermat_3():
     """x^3 + y^3 != w^3 in positive integers: beyond Z3."""
     x, y, w = z3.Ints("x y w")

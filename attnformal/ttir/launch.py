@@ -160,7 +160,8 @@ FORWARD = LaunchDescription(
         KV_SPLITS=TensorRole(("B", "nM", "S", "2"), contract=_splits),
         SCALARS=TensorRole(("3",)),
     ),
-    configs=[dict(_FWD_BASE, CAUSAL=mode) for mode in range(len(CAUSAL_MODES))],
+    configs=[dict(_FWD_BASE, CAUSAL=mode, HAS_SOFTCAP=softcap) for softcap in (False, True)
+             for mode in range(len(CAUSAL_MODES))],
     grid=_fwd_grid, program=_fwd_program, constraints=_fwd_constraints, preconditions=_fwd_preconditions,
     geometry=_geometry, key_loop=("KV_SPLITS", 3), block=lambda config: (config["BLOCK_M"], config["BLOCK_N"]),
     pointer_types={name: "*i32" for name in ("ROW_LO", "ROW_HI", "CLASSES", "KV_SPLITS")}

@@ -364,6 +364,12 @@ def _finite_fill_detail(fill):
             "with no allowed key")
 
 
+# Arithmetic on one score that keeps it a function of that score (never -inf by itself); its other operands are
+# constants or parameters (scale, softcap). Unary ones come from softcap's tanh.
+SCORE_ARITHMETIC = ("arith.mulf", "arith.addf", "arith.subf", "arith.divf", "arith.negf", "math.exp", "math.exp2",
+                    "math.tanh", "math.absf")
+
+
 def _classify(value):
     """``(raw score?, -inf?, products, fill constants, select lines)`` of a softmax-input element."""
     kind = value[0]
@@ -376,11 +382,12 @@ def _classify(value):
         s1, n1, d1, f1, l1 = _classify(value[2])
         s2, n2, d2, f2, l2 = _classify(value[3])
         return z3.If(cond, s1, s2), z3.If(cond, n1, n2), _unique(d1 + d2), f1 + f2, [value[4]] + l1 + l2
-    if kind == "op" and value[1] in ("arith.mulf", "arith.addf", "arith.subf", "arith.divf"):
+    if kind == "op" and value[1] in SCORE_ARITHMETIC:
         parts = [_classify(a) if isinstance(a, tuple) and _has_dot(a) else None for a in value[2:]]
         scored = [p for p in parts if p is not None]
-        if len(scored) == 1:
-            return scored[0][0], z3.BoolVal(False), *scored[0][2:]
+        if scored:  # a function of the scores its operands hold (tanh's quotient has one in each)
+            return (z3.And(*(p[0] for p in scored)), z3.BoolVal(False), _unique(sum((p[2] for p in scored), [])),
+                    sum((p[3] for p in scored), []), sum((p[4] for p in scored), []))
     if kind in ("opaque", "param", "load"):
         return z3.BoolVal(False), z3.BoolVal(False), [], [], []
     raise Unsupported(f"score expression {kind} {value[1] if kind == 'op' else ''}", "the softmax input")

@@ -25,7 +25,7 @@ fn = load_attr(sys.argv[1]) if sys.argv[1] else None
                                  configs=[FORWARD.configs[int(sys.argv[3])]])
 print(json.dumps([[p.status, p.claim, p.detail] for p in proofs]))
 """
-NOT_CAUSAL, BOTTOM_RIGHT = 0, 2  # indices into FORWARD.configs (CAUSAL_MODES order)
+NOT_CAUSAL, BOTTOM_RIGHT, SOFTCAP = 0, 2, 3  # indices into FORWARD.configs (CAUSAL_MODES order, then with softcap)
 
 
 def _prove(theorems, kernel="", config=NOT_CAUSAL):
@@ -91,6 +91,11 @@ PLANTED = [
     ("causal aligned top-left", _plant("(cols[None, :] <= row_hi[:, None])", "(cols[None, :] <= rows[:, None])",
                                        anywhere=True),
      "masking", "masking:", ("_tile_scores", "s = tl.where(allowed", 0), BOTTOM_RIGHT),
+    ("softcap applied after the mask", _plant('        s = tl.where(allowed, s, float("-inf"))\n    return s, slope',
+                                              '        s = tl.where(allowed, s, float("-inf"))\n'
+                                              '    s = _modify_scores(s, softcap, HAS_SOFTCAP)[0]\n    return s, slope',
+                                              anywhere=True),
+     "masking", "masking:", ("_tile_scores", "s = tl.where(allowed", 0), SOFTCAP),
     ("loop one block short", _plant("tl.load(split_range + 1)):", "tl.load(split_range + 1) - 1):"),
      "coverage", "coverage:", ("_attn_fwd", "for bn in range(", 0), NOT_CAUSAL),
     ("diagonal block visited twice", _plant(_LOOP, _visit_last_block_again),
@@ -103,11 +108,13 @@ PLANTED = [
 ]
 
 
-@pytest.mark.parametrize("config", [0, 1, 2], ids=["not causal", "top-left", "bottom-right"])
+@pytest.mark.parametrize("config", range(6), ids=[f"{causal}{softcap}" for softcap in ("", ", softcap")
+                                                   for causal in ("not causal", "top-left", "bottom-right")])
 def test_shipped_forward_is_proved_for_all_shapes(config):
-    """Each shipped configuration (128x64): no-wrap, address, bounds, masking, coverage and writes, all proved."""
+    """Each shipped configuration (128x64): no-wrap, address, bounds, masking, coverage and writes, all proved
+    (loading the softcap scalar adds its pointer's no-wrap and its bounds)."""
     proofs = _prove("no-wrap,address,bounds,masking,coverage,writes", config=config)
-    assert len(proofs) == 79 and all(status == "proved" for status, _, _ in proofs), \
+    assert len(proofs) == (81 if config >= SOFTCAP else 79) and all(status == "proved" for status, _, _ in proofs), \
         [p for p in proofs if p[0] != "proved"]
     assert {claim.split(":")[0] for _, claim, _ in proofs} >= {"no-wrap", "address", "bounds", "masking", "coverage",
                                                                "writes"}

@@ -29,10 +29,15 @@ def prove_triton(target: str, limits: Limits = Limits(), out=sys.stdout) -> int:
         return 2
     ok = True
     for config, proofs in prove_launch(launch, fn=fn, limits=limits):
-        print(f"config CAUSAL={config.get('CAUSAL')}", file=out)
+        print(f"config {_named(config)}", file=out)
         for proof in proofs:
             ok &= proof.status == PROVED
             extra = proof.detail or (proof.countermodel or "")
             print(f"  {proof.status:8} {proof.rlimit / RLIMIT_UNIT:7.1f} M units {proof.seconds:6.1f} s  {proof.claim}  {extra}",
                   file=out)
     return 0 if ok else 1
+
+
+def _named(config: dict) -> str:
+    """``CAUSAL=2 HAS_SOFTCAP``: the causal mode and the feature flags that are on (the configurations differ there)."""
+    return " ".join([f"CAUSAL={config.get('CAUSAL')}"] + [name for name, value in config.items() if value is True])

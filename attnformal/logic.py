@@ -199,7 +199,6 @@ class Budget:
             return UNKNOWN, f"the deterministic budget ran out ({reason}; {self.rlimit / RLIMIT_UNIT:g} M units)"
         return UNKNOWN, reason
 
-
     def _stopped_by_the_clock(self, solver) -> bool:
         """Whether this solver's last check ran its whole wall time with units to spare: Z3 then says
         "canceled" as often as "timeout" (seen in CI under load), the same word its tactics use for units."""

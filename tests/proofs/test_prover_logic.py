@@ -99,7 +99,8 @@ def test_a_check_canceled_by_its_own_clock_is_interrupted_and_by_its_units_is_un
     assert budget.unknown_reason(by_the_clock)[0] == INTERRUPTED
     by_the_units, budget = _CanceledByItsClock(units_per_check=1_000), Budget(600, rlimit=1_000)
     budget.check(by_the_units, seconds=0.01)  # its whole budget used: the units, not the clock, stopped it
-    assert budget.unknown_reason(by_the_units) == (UNKNOWN, "the deterministic budget ran out (canceled; 0.001 M units)")
+    assert budget.unknown_reason(by_the_units) == (UNKNOWN,
+                                                   "the deterministic budget ran out (canceled; 0.001 M units)")
 
 
 def test_a_ctrl_c_during_a_check_stops_the_run_when_the_query_ends():

@@ -200,8 +200,8 @@ class Budget:
         return UNKNOWN, reason
 
     def _stopped_by_the_clock(self, solver) -> bool:
-        """Whether this solver's last check ran its whole wall time with units to spare: Z3 then says
-        "canceled" as often as "timeout" (seen in CI under load), the same word its tactics use for units."""
+        """Whether this solver's last check ran its whole wall time with units to spare: Z3 may then say
+        "canceled" rather than "timeout" (seen in CI under load), the word it also uses for spent units."""
         if self._last_check is None or self._last_check[0] is not solver:
             return False
         _, units_given, units_used, seconds_given, seconds_taken = self._last_check

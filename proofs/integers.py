@@ -217,7 +217,8 @@ def _small_factors(formulas):
 
 
 def _postorder(formulas, operator, keep=lambda term: True):
-    """The distinct applications of Z3 ``operator`` that ``keep`` picks, inner ones before the terms that contain them."""
+    """The distinct applications of Z3 ``operator`` that ``keep`` picks, inner ones before the terms that
+    contain them."""
     return [term for term in TermIndex(formulas).of_kind(operator) if keep(term)]
 
 

@@ -364,10 +364,10 @@ def _finite_fill_detail(fill):
             "with no allowed key")
 
 
-# Arithmetic on one score that keeps it a function of that score (never -inf by itself); its other operands are
-# constants or parameters (scale, softcap). Unary ones come from softcap's tanh.
+# Float arithmetic whose result is a function of the scores its operands hold (never -inf by itself); its other
+# operands are constants or parameters (scale, softcap). negf, exp and absf come from the softcap's tanh.
 SCORE_ARITHMETIC = ("arith.mulf", "arith.addf", "arith.subf", "arith.divf", "arith.negf", "math.exp", "math.exp2",
-                    "math.tanh", "math.absf")
+                    "math.absf")
 
 
 def _classify(value):

@@ -482,8 +482,10 @@ def _unknown(solver, query: Query, budget: Budget, about: str = "") -> Proof:
 
 def _unchecked(name: str):
     """Z3's C function behind the z3py wrapper ``name``, without the error check after each call: the
-    walk's getters cannot fail on the handles of a live term, and the checks were half of its time."""
-    return getattr(z3, name).__defaults__[-1].f
+    walk's getters cannot fail on the handles of a live term, and the checks were half of its time. A z3py
+    that does not keep it as its wrapper's last default (z3-solver is not pinned) gets the wrapper itself."""
+    wrapper = getattr(z3, name)
+    return getattr((wrapper.__defaults__ or (None,))[-1], "f", wrapper)
 
 
 _ast_kind, _ast_id, _app_decl, _decl_ast, _decl_kind, _app_num_args, _app_arg, _quantifier_body = map(_unchecked, (

@@ -253,3 +253,21 @@ def test_an_exhaustive_check_is_checked_on_its_domain_never_proved():
                                  domain="-5 <= n <= 5", budget=Budget(10))
     assert refuted.status == REFUTED and refuted.case == "n=0" and refuted.countermodel == {"n": "0"}
     assert check_exhaustively("nothing", iter(()), domain="empty", budget=Budget(10)).status == UNKNOWN
+
+
+def test_the_term_walk_is_the_same_through_z3pys_checked_wrappers(monkeypatch):
+    # the unchecked C getters come from z3py's wrapper layout; a z3py without it falls back to the wrappers
+    assert logic._unchecked("Z3_get_ast_kind") is not z3.Z3_get_ast_kind
+    monkeypatch.setattr(z3, "Z3_get_ast_kind", lambda ctx, ast: 0)
+    assert logic._unchecked("Z3_get_ast_kind") is z3.Z3_get_ast_kind  # no Elementaries default: itself
+    monkeypatch.undo()
+    x, n = z3.Ints("x n")
+    terms = [z3.ForAll([x], x / n >= x * n), x / n + 1 > 0]
+    fast = [(decl, kind) for _, _, decl, kind in logic.TermIndex(terms, quantified=True)._nodes]
+    for name in ("ast_kind", "ast_id", "app_decl", "decl_ast", "decl_kind", "app_num_args", "app_arg",
+                 "quantifier_body"):
+        wrapper = {"decl_ast": "Z3_func_decl_to_ast"}.get(name, f"Z3_get_{name}")
+        monkeypatch.setattr(logic, f"_{name}", getattr(z3, wrapper))
+    assert [(decl, kind) for _, _, decl, kind in logic.TermIndex(terms, quantified=True)._nodes] == fast
+    assert len(logic.TermIndex(terms).of_kind(z3.Z3_OP_IDIV)) == 1  # the quantified one only with quantified=True
+    assert len(logic.TermIndex(terms, quantified=True).of_kind(z3.Z3_OP_IDIV)) == 2

@@ -66,9 +66,19 @@ def guarded(fn, *args, **kwargs):
 
 def isolated_by_default(target: str | None) -> bool:
     """Whether a target runs in a worker unless told otherwise: yes for a user's file or module."""
-    from attnformal.adapters import ALIASES
+    from attnformal.aliases import FUNCTIONS  # not the adapters: no torch while the arguments are read
 
-    return target is not None and target not in ALIASES
+    return target is not None and target not in FUNCTIONS
+
+
+def start_server(handler_module: str, preload: tuple[str, ...] = ()) -> None:
+    """Start the process server that :class:`Worker`'s children fork from, now: it imports the
+    handler's module (and torch) while this process goes on with its own imports, on another core."""
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        from multiprocessing import forkserver
+
+        _context(_preload(handler_module, preload))
+        forkserver.ensure_running()
 
 
 @dataclass
@@ -150,7 +160,7 @@ class Worker:
     def __init__(self, handler, state: bytes, *, timeout: float | None, option: str, name: str,
                  preload: tuple[str, ...] = ()):
         self.handler, self.state, self.timeout, self.option, self.name = handler, state, timeout, option, name
-        self.preload = (__name__, handler.__module__, *preload)
+        self.preload = _preload(handler.__module__, preload)
         self.process = self.conn = None
         self.busy = False
 
@@ -180,6 +190,11 @@ class Worker:
                 return self._lost("crash", running)
             else:
                 return self._lost("hang", running)
+
+    def kill(self):
+        """Stop the child at once; a :meth:`run` waiting on it (in another thread) returns it as lost."""
+        if self.process is not None and self.process.is_alive():
+            self.process.kill()
 
     def _start(self):
         context = _context(self.preload)
@@ -214,6 +229,10 @@ class Worker:
                 pass
         self._stop()
         self.process = None
+
+
+def _preload(handler_module: str, preload: tuple[str, ...]) -> tuple[str, ...]:
+    return __name__, handler_module, *preload
 
 
 def _context(preload):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 from attnformal import cli
 from attnformal.cli import EXIT_CODES
 from attnformal.distributed import EngineMissing
+from attnformal.execution import isolated_by_default, start_server
 from attnformal.verify import PROFILES
 from attnformal.verify.outputs import PREVIOUS, RESULTS, ResultsStream, start_folder
 
@@ -25,6 +27,7 @@ from attnformal.verify.outputs import PREVIOUS, RESULTS, ResultsStream, start_fo
 # usage error is printed before torch is imported.
 
 PROG = "python -m attnformal.verify"
+MAX_JOBS = 4  # each worker holds its own torch
 DEFAULT_DTYPES = "float32 bfloat16"
 EXAMPLE = (f"{PROG} --impl attnformal.examples.causal_alignment_bug:attention --only 'mask.*'\n"
            f"  {PROG} --impl sdpa-math --workers 2 --junit verify.xml")
@@ -51,7 +54,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--only", nargs="+", action="extend", metavar="PATTERN",
                    help="run only checks matching globs ('mask.*')")
     p.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
-                   help="each check in a worker process: a crash or a hang fails it (default: not for aliases)")
+                   help="each check in a worker process: a crash or a hang fails it (default: not for an alias "
+                        "at --jobs 1)")
+    p.add_argument("--jobs", type=cli.integer(minimum=1), metavar="N",
+                   help="checks at once, each in a worker process (default on the CPU: a worker per core, at most "
+                        f"{MAX_JOBS}; else 1)")
     p.add_argument("--case-timeout", type=cli.seconds, default=300.0, metavar="S",
                    help="isolated: a call longer is a hang (%(default)g)")
     p.add_argument("--workers", type=cli.integer(minimum=1), metavar="N",
@@ -76,7 +83,7 @@ def parser() -> argparse.ArgumentParser:
 def settings_from(args) -> Settings:
     """Settings from parsed arguments; a ValueError names the option that is wrong, and
     :class:`EngineMissing` says how to install the engine --workers and --cluster need."""
-    from attnformal.adapters import ALIASES, resolve
+    from attnformal.adapters import resolve
     from attnformal.verify.options import check_campaign, parse_dtypes, parse_features, parse_patterns
     from attnformal.verify.runner import Settings
 
@@ -87,6 +94,7 @@ def settings_from(args) -> Settings:
     check_campaign(args.workers, args.cluster)
     if args.replay and (args.workers or args.cluster):
         raise cli.UsageError("--replay", "replays one case in this process; expected no --workers or --cluster")
+    jobs = jobs_from(args)
     impl = resolve(args.impl)
     folder = args.repro_dir / cli.impl_slug(args.impl)
     if not args.replay:
@@ -94,12 +102,34 @@ def settings_from(args) -> Settings:
             if getattr(args, option) is not None:
                 cli.output_file(getattr(args, option), f"--{option.replace('_', '-')}")
         cli.output_folder(folder, "--repro-dir")
-    isolate = args.isolate if args.isolate is not None else args.impl not in ALIASES
+    isolate = isolated(args, jobs)
     return Settings(impl=impl, impl_name=args.impl, dtypes=dtypes, device=args.device, profile=args.profile,
                     tolerance=args.tolerance, seed=args.seed, fail_fast=args.fail_fast, require=require,
                     repro_dir=folder, use_certified=args.reference == "auto", only=only, threads=args.threads or None,
-                    target=args.impl, isolate=isolate, case_timeout=args.case_timeout,
+                    target=args.impl, isolate=isolate, case_timeout=args.case_timeout, jobs=jobs,
                     explicit_dtypes=bool(args.dtypes), workers=args.workers, cluster=args.cluster)
+
+
+def jobs_from(args) -> int:
+    """``--jobs``, or the default: a worker per core (per ``--threads``, at most :data:`MAX_JOBS`) for a
+    battery on the CPU; 1 where checks cannot run side by side."""
+    one_at_a_time = {"--no-isolate": args.isolate is False, "--workers": args.workers, "--cluster": args.cluster,
+                     "--replay": args.replay}
+    if args.jobs is not None:
+        given = [option for option, on in one_at_a_time.items() if on]
+        if args.jobs > 1 and given:
+            raise cli.UsageError("--jobs", f"checks run side by side in worker processes; expected --jobs 1 with "
+                                           f"{given[0]}, got {args.jobs}")
+        return args.jobs
+    if any(one_at_a_time.values()) or args.device != "cpu" or not args.threads:
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(MAX_JOBS, cores // args.threads))
+
+
+def isolated(args, jobs: int) -> bool:
+    """``--isolate``, or the default: a user's target runs in workers, an alias too when jobs run side by side."""
+    return args.isolate if args.isolate is not None else isolated_by_default(args.impl) or jobs > 1
 
 
 def _list_checks() -> str:
@@ -137,6 +167,11 @@ def main(argv=None) -> int:
         return 0
     if not args.impl:
         p.error("argument --impl is required")
+    try:
+        if isolated(args, jobs_from(args)) and not (args.workers or args.cluster):
+            start_server("attnformal.verify.execute")  # its imports overlap this process's below
+    except ValueError as err:
+        p.error(str(err))
     from attnformal.verify.baseline import load_baseline
     from attnformal.verify.replay import load_reproducer
 

@@ -102,7 +102,7 @@ def make_executor(settings: Settings):
     :class:`~attnformal.distributed.EngineMissing` when it cannot be had."""
     if settings.distributed:
         return Distributed(settings)
-    return Isolated(settings) if settings.isolate else InProcess(settings)
+    return Isolated(settings, settings.jobs) if settings.isolate else InProcess(settings)
 
 
 def run_battery(settings: Settings, progress: Callable | None = None, *, on_result: Callable | None = None,

@@ -8,7 +8,8 @@ runs tasks and yields ``(task, result)`` as they complete:
 * :class:`InProcess` calls :func:`perform` here: fast, but a segfault ends the whole run
   and a hung call is never interrupted;
 * :class:`Isolated` runs each task in a worker process (:class:`attnformal.execution.Worker`,
-  the layer every command that calls a user's kernel shares). A worker that dies (segfault,
+  the layer every command that calls a user's kernel shares), ``--jobs`` of them at once, the
+  results in task order. A worker that dies (segfault,
   abort, ``os._exit`` from C) or a call that runs past ``case_timeout`` becomes a FAIL of kind
   *crash* or *hang* for that task (:func:`lost_result`): the case that was running, its
   seed, a reproducer file and the command that replays it; a fresh worker takes the next task.
@@ -29,9 +30,11 @@ import contextlib
 import io
 import multiprocessing
 import pickle
+import queue
 import tempfile
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -124,20 +127,39 @@ class InProcess:
 
 
 class Isolated:
-    """Each task in a worker process (one at a time); a crash or a hang fails that task only."""
+    """Each task in a worker process; ``jobs`` workers run tasks at once, and the results come in task
+    order (the report is the serial run's). A crash or a hang fails that task only."""
 
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, jobs: int = 1):
         self.settings = settings
-        self.worker = Worker(_perform_isolated, portable_blob(settings, "--isolate"), timeout=settings.case_timeout,
-                             option="--case-timeout", name="attnformal-verify-worker")
+        blob = portable_blob(settings, "--isolate")
+        self.workers = [Worker(_perform_isolated, blob, timeout=settings.case_timeout, option="--case-timeout",
+                               name="attnformal-verify-worker") for _ in range(jobs)]
+        self.idle = queue.SimpleQueue()
+        for worker in self.workers:
+            self.idle.put(worker)
+        # a thread per worker only waits on its pipe: the work is in the worker processes
+        self.threads = ThreadPoolExecutor(jobs, thread_name_prefix="attnformal-verify-worker")
 
     def map(self, tasks):
-        for task in tasks:
-            yield task, self.run(task)
+        running = [(task, self.threads.submit(self.run, task)) for task in tasks]
+        try:
+            for task, future in running:
+                yield task, future.result()
+        finally:  # a --fail-fast stop or Ctrl-C: the tasks not started yet never start
+            for _, future in running:
+                future.cancel()
 
     def run(self, task: Task):
+        worker = self.idle.get()
+        try:
+            return self._outcome(task, worker)
+        finally:
+            self.idle.put(worker)
+
+    def _outcome(self, task: Task, worker: Worker):
         started = time.monotonic()
-        outcome = self.worker.run(task)
+        outcome = worker.run(task)
         if outcome.lost is not None:
             result = lost_result(self.settings, task, outcome.lost)
             result.seconds = time.monotonic() - started
@@ -147,7 +169,14 @@ class Isolated:
         return outcome.value
 
     def close(self):
-        self.worker.close()
+        """Stop every worker: a task still running (Ctrl-C) is cut short."""
+        self.threads.shutdown(wait=False, cancel_futures=True)
+        for worker in self.workers:
+            if worker.busy:
+                worker.kill()
+        self.threads.shutdown(wait=True)
+        for worker in self.workers:
+            worker.close()
 
 
 def lost_result(settings: Settings, task: Task, lost: Lost) -> CheckResult:

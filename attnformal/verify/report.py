@@ -87,7 +87,8 @@ def _header(report: BatteryReport) -> str:
 
 def _where(s) -> str:
     if not s.distributed:
-        return (f"isolated in a worker process (a crash or a call over {s.case_timeout:g} s fails its check)"
+        workers = "a worker process" if s.jobs == 1 else f"{s.jobs} worker processes side by side (--jobs)"
+        return (f"isolated in {workers} (a crash or a call over {s.case_timeout:g} s fails its check)"
                 if s.isolate else "in this process (--isolate to survive crashes and hangs)")
     cluster = f"a local Dask cluster of {s.workers} worker processes" if s.workers else \
         f"the Dask cluster at {s.cluster}"
@@ -235,7 +236,7 @@ def to_json(report: BatteryReport, *, results: bool = True) -> dict:
     verdict, reasons = judge(report)
     return {
         "impl": s.impl_name, "dtypes": list(report.dtypes), "replaced_dtypes": list(report.replaced), "device": s.device,
-        "profile": s.profile, "tolerance": s.tolerance, "seed": s.seed, "isolated": s.isolate,
+        "profile": s.profile, "tolerance": s.tolerance, "seed": s.seed, "isolated": s.isolate, "jobs": s.jobs,
         "workers": s.workers, "cluster": s.cluster,
         "machine": report.machine, "state": report.state, "seconds": report.seconds,
         "cpu_seconds": report.cpu_seconds, "verdict": verdict, "reasons": reasons, "passed": verdict == "PASS",

@@ -56,6 +56,7 @@ class Settings:
     target: str | None = None  # MODULE:FUNC, FILE.py:FUNC or an alias: how a worker process finds ``impl``
     isolate: bool = False  # run the checks in a worker process (crashes and hangs become FAILs)
     case_timeout: float = 300.0  # seconds one call of the implementation may take when isolated
+    jobs: int = 1  # isolated: checks run at once, each in its own worker process
     explicit_dtypes: bool = True  # False: dtypes the implementation refuses are replaced by ones it accepts
     workers: int | None = None  # run the tasks on a local Dask cluster of this many worker processes
     cluster: str | None = None  # ... or on the Dask scheduler at this address

@@ -1,5 +1,6 @@
 """Isolation: a kernel that crashes or hangs fails that check, and the run goes on, complete and written out;
-Ctrl-C keeps the checks that finished. Tiny cases: the cost is the worker processes themselves."""
+Ctrl-C keeps the checks that finished; checks side by side (--jobs) report what one at a time reports.
+Tiny cases: the cost is the worker processes themselves."""
 
 import json
 import signal
@@ -7,7 +8,9 @@ import subprocess
 import sys
 import time
 
-from attnformal.verify.__main__ import main
+import pytest
+
+from attnformal.verify.__main__ import MAX_JOBS, jobs_from, main, parser
 from sigint import ctrl_c_reaches_python
 
 ZOO = __import__("zoo").__file__
@@ -64,3 +67,58 @@ def test_ctrl_c_keeps_the_checks_that_finished(tmp_path):
     assert run["state"] == "interrupted" and len(run["results"]) >= 2
     assert all(r["status"] == "pass" for r in run["results"])
     assert not named.exists() and f"interrupted: {named} kept as the previous run wrote them" in err
+
+
+WRONG_AT_300_KEYS = """
+import zoo
+
+def attention(q, k, v, **kwargs):
+    out = zoo.attention(q, k, v, **kwargs)
+    if k.shape[2] == 300:  # hand.dominant_score, the second hand check
+        return (out[0] * 1.5, *out[1:]) if isinstance(out, tuple) else out * 1.5
+    return out
+"""
+
+
+def _results(capsys, tmp_path, name, *argv):
+    """``(exit code, [(check, dtype, status, cases, worst error)] of the results and of the diagnosis's probes,
+    the run's 'where' line)``."""
+    json_file = tmp_path / f"{name}.json"
+    code = main([*argv, "--dtypes", "float32", "--json", str(json_file), "--repro-dir", str(tmp_path / name)])
+    out = capsys.readouterr().out
+    run = json.loads(json_file.read_text())
+    rows = [[(r["check"], r["dtype"], r["status"], r["cases"], r["metrics"].get("worst_ratio")) for r in run.get(key, [])]
+            for key in ("results", "diagnostic_results")]
+    return code, rows, next(line for line in out.splitlines() if "process" in line)
+
+
+@pytest.mark.parametrize("argv", [("--impl", "sdpa-math", "--only", "hand.*", "fwd.random", "mask.causal*"),
+                                  ("--impl", "BAD", "--only", "hand.*", "softmax.*", "--fail-fast")],
+                         ids=["correct", "fail-fast"])
+def test_checks_side_by_side_report_what_one_at_a_time_reports(capsys, tmp_path, argv):
+    """The same checks, statuses and worst errors in the same order (the same float operations in one
+    process or another); a --fail-fast stop drops what the other worker had started after the stop."""
+    kernel = tmp_path / "bad.py"
+    kernel.write_text(WRONG_AT_300_KEYS)
+    argv = [f"{kernel}:attention" if a == "BAD" else a for a in argv]
+    code_1, one, where_1 = _results(capsys, tmp_path, "one", *argv, "--jobs", "1")
+    code_2, two, where_2 = _results(capsys, tmp_path, "two", *argv, "--jobs", "2")
+    assert (code_1, one) == (code_2, two)
+    assert "2 worker processes side by side" in where_2 and "side by side" not in where_1
+    if "--fail-fast" in argv:  # the control: the stop is where the kernel is wrong, and nothing after it is kept
+        assert code_1 == 1 and [r[:3] for r in one[0]] == [("hand.uniform_logits", "float32", "pass"),
+                                                           ("hand.dominant_score", "float32", "FAIL")]
+    else:
+        assert code_1 == 0 and len(one[0]) == 9  # 5 hand, fwd.random, 3 mask.causal*
+
+
+def test_jobs_default_to_a_worker_per_core_on_the_cpu_and_one_where_checks_cannot_run_side_by_side(monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(6)), raising=False)
+    jobs = lambda *argv: jobs_from(parser().parse_args(["--impl", "sdpa-math", *argv]))  # noqa: E731
+    assert jobs() == MAX_JOBS and jobs("--threads", "2") == 3 and jobs("--jobs", "5") == 5
+    for alone in (["--no-isolate"], ["--workers", "2"], ["--replay", "r.pt"], ["--device", "cuda"], ["--threads", "0"]):
+        assert jobs(*alone) == 1, alone
+    with pytest.raises(ValueError, match="argument --jobs: .*--no-isolate"):
+        jobs("--jobs", "2", "--no-isolate")
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0}, raising=False)
+    assert jobs() == 1  # one core: the alias runs in this process (no worker to start)

@@ -266,6 +266,6 @@ def test_an_internal_error_exits_4_not_1(capsys, monkeypatch, golden_file, tmp_p
     monkeypatch.setattr("attnformal.scale.sweep.run_sweep", defect)
     code, text, _ = scale(capsys, tmp_path, "torch-tiled")
     assert code == 4 and "internal error: RuntimeError: a defect" in text and "Traceback" not in text
-    monkeypatch.setattr("attnformal.verify.runner._conclude", defect)  # inside a check: the result is an ERROR
-    code, text = verify(capsys, "sdpa-math", tmp_path, "--only", "hand.uniform_logits")
+    monkeypatch.setattr("attnformal.verify.runner._conclude", defect)  # inside a check here (--jobs 1): an ERROR
+    code, text = verify(capsys, "sdpa-math", tmp_path, "--only", "hand.uniform_logits", "--jobs", "1")
     assert code == 4 and "verdict: INTERNAL ERROR" in text and "the battery itself raised in" in text

@@ -83,6 +83,10 @@ def parser() -> argparse.ArgumentParser:
 def settings_from(args) -> Settings:
     """Settings from parsed arguments; a ValueError names the option that is wrong, and
     :class:`EngineMissing` says how to install the engine --workers and --cluster need."""
+    jobs = jobs_from(args)
+    isolate = isolated(args, jobs)
+    if isolate and not (args.workers or args.cluster):  # (a Dask worker starts its own)
+        start_server("attnformal.verify.execute")  # its imports (torch) overlap this process's below
     from attnformal.adapters import resolve
     from attnformal.verify.options import check_campaign, parse_dtypes, parse_features, parse_patterns
     from attnformal.verify.runner import Settings
@@ -94,7 +98,6 @@ def settings_from(args) -> Settings:
     check_campaign(args.workers, args.cluster)
     if args.replay and (args.workers or args.cluster):
         raise cli.UsageError("--replay", "replays one case in this process; expected no --workers or --cluster")
-    jobs = jobs_from(args)
     impl = resolve(args.impl)
     folder = args.repro_dir / cli.impl_slug(args.impl)
     if not args.replay:
@@ -102,7 +105,6 @@ def settings_from(args) -> Settings:
             if getattr(args, option) is not None:
                 cli.output_file(getattr(args, option), f"--{option.replace('_', '-')}")
         cli.output_folder(folder, "--repro-dir")
-    isolate = isolated(args, jobs)
     return Settings(impl=impl, impl_name=args.impl, dtypes=dtypes, device=args.device, profile=args.profile,
                     tolerance=args.tolerance, seed=args.seed, fail_fast=args.fail_fast, require=require,
                     repro_dir=folder, use_certified=args.reference == "auto", only=only, threads=args.threads or None,
@@ -168,15 +170,10 @@ def main(argv=None) -> int:
     if not args.impl:
         p.error("argument --impl is required")
     try:
-        if isolated(args, jobs_from(args)) and not (args.workers or args.cluster):
-            start_server("attnformal.verify.execute")  # its imports overlap this process's below
-    except ValueError as err:
-        p.error(str(err))
-    from attnformal.verify.baseline import load_baseline
-    from attnformal.verify.replay import load_reproducer
-
-    try:
         settings = settings_from(args)
+        from attnformal.verify.baseline import load_baseline
+        from attnformal.verify.replay import load_reproducer
+
         if args.replay:
             load_reproducer(args.replay)
         baseline = load_baseline(args.baseline) if args.baseline else None

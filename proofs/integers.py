@@ -168,27 +168,115 @@ def linear_abstraction(budget: Budget) -> Abstraction:
     symbols becomes a fresh variable, constrained by the :func:`linear_lemmas`' instances on them
     (bounds of each quotient, monotonicity for each pair with the same divisor, sign and monotonicity
     for each pair of products with a common factor). Polynomials are first put in sum-of-monomials
-    form (``(bm + 1) block_m`` is ``bm block_m + block_m``), so equal products are one variable."""
+    form (``(bm + 1) block_m`` is ``bm block_m + block_m``), so equal products are one variable.
+
+    One abstraction reads many queries (the properties of an obligation share their hypotheses): each
+    formula, quotient and product is read once (:class:`_LinearReading`), and a query collects the
+    instances for the quotients and products its formulas hold."""
     bounds, monotone, sign, product_monotone = axioms = linear_lemmas(budget)
+    reading = _LinearReading()
 
     def apply(formulas):
-        formulas = [z3.simplify(f, som=True) for f in formulas]
-        formulas, quotients = _quotients_as_variables(formulas)
-        division = [z3.Implies(n >= 1, z3.And(n * q <= x, x < n * q + n)) for x, n, q in quotients]
-        ordered = [z3.Implies(z3.And(n1 >= 1, x1 <= x2), q1 <= q2)
-                   for (x1, n1, q1), (x2, n2, q2) in itertools.permutations(quotients, 2) if n1.eq(n2)]
-        parts = [[z3.simplify(f, som=True) for f in group] for group in (formulas, division, ordered)]
-        (formulas, division, ordered), products = _products_as_variables(parts)
+        read = [reading.formula(f) for f in formulas]
+        quotients = _union(q for _, qs, _ in read for q in qs)
+        division = [reading.division(q) for q in quotients]
+        ordered = [reading.ordered(q1, q2) for q1, q2 in itertools.permutations(quotients, 2)
+                   if reading.quotients[q1][2].eq(reading.quotients[q2][2])]
+        products = _union(p for _, _, ps in (*read, *division, *ordered) for p in ps)
         signs, pairs = [], []
-        for n, factors in _by_common_factor(products):
-            signs += [z3.Implies(n >= 1, z3.And(z3.Implies(k >= 0, p >= k), z3.Implies(k >= 1, p >= n),
-                                                z3.Implies(k <= 0, p <= k), z3.Implies(k <= -1, p <= -n)))
-                      for k, p in factors]
-            pairs += [z3.Implies(n >= 1, z3.And(z3.Implies(k1 < k2, p1 + n <= p2), z3.Implies(k1 == k2, p1 == p2)))
+        for n, factors in _by_common_factor([(reading.products[p][1], p) for p in products]):
+            signs += [reading.sign(n, k, p) for k, p in factors]
+            pairs += [reading.product_pair(n, k1, p1, k2, p2)
                       for (k1, p1), (k2, p2) in itertools.permutations(factors, 2)]
-        return formulas, [(bounds, division), (monotone, ordered), (sign, signs), (product_monotone, pairs)]
+        return [f for f, _, _ in read], [(bounds, [f for f, _, _ in division]), (monotone, [f for f, _, _ in ordered]),
+                                         (sign, signs), (product_monotone, pairs)]
 
     return Abstraction("linear arithmetic, with floor-division and product lemmas", apply, axioms, _small_factors)
+
+
+def _union(keys):
+    return list(dict.fromkeys(keys))
+
+
+class _LinearReading:
+    """The fresh variables of one abstraction, and each formula read with them, once.
+
+    A quotient ``x div n`` (``n`` not a number) is named by the term's id, a product by its factors' ids;
+    the memos hold the terms, so that no id is reused for another term while the names stand. A read
+    formula is ``(formula, quotient ids, ids of the products of two symbols)``."""
+
+    def __init__(self):
+        self.quotients = {}  # term id -> (term, x, n, q), x and n read (inner quotients as variables)
+        self.products = {}  # sorted factor ids -> (factors, (a, b) if two else None, p)
+        self.read = {}  # formula id -> (formula, read formula)
+        self.side = {}  # the ids a lemma instance is about -> the instance, read
+
+    def formula(self, f):
+        found = self.read.get(f.get_id())
+        if found is None:
+            found = self.read[f.get_id()] = (f, self._linear(*self._without_quotients(z3.simplify(f, som=True))))
+        return found[1]
+
+    def division(self, q):
+        """``n q <= x < n q + n``: the bounds of quotient ``q``."""
+        if (q,) not in self.side:
+            _, x, n, v = self.quotients[q]
+            self.side[(q,)] = self._linear(z3.Implies(n >= 1, z3.And(n * v <= x, x < n * v + n)))
+        return self.side[(q,)]
+
+    def ordered(self, q1, q2):
+        """``x1 <= x2 => q1 <= q2`` for two quotients by the same divisor."""
+        if (q1, q2) not in self.side:
+            (_, x1, n, v1), (_, x2, _, v2) = self.quotients[q1], self.quotients[q2]
+            self.side[(q1, q2)] = self._linear(z3.Implies(z3.And(n >= 1, x1 <= x2), v1 <= v2))
+        return self.side[(q1, q2)]
+
+    def sign(self, n, k, p):
+        """The sign facts of product ``p = k n`` (``p``: its key)."""
+        if (n.get_id(), p) not in self.side:
+            v = self.products[p][2]
+            self.side[(n.get_id(), p)] = z3.Implies(n >= 1, z3.And(
+                z3.Implies(k >= 0, v >= k), z3.Implies(k >= 1, v >= n), z3.Implies(k <= 0, v <= k),
+                z3.Implies(k <= -1, v <= -n)))
+        return self.side[(n.get_id(), p)]
+
+    def product_pair(self, n, k1, p1, k2, p2):
+        """Monotonicity of the products ``p1 = k1 n`` and ``p2 = k2 n`` (keys) in their other factors."""
+        if (n.get_id(), p1, p2) not in self.side:
+            v1, v2 = self.products[p1][2], self.products[p2][2]
+            self.side[(n.get_id(), p1, p2)] = z3.Implies(n >= 1, z3.And(z3.Implies(k1 < k2, v1 + n <= v2),
+                                                                        z3.Implies(k1 == k2, v1 == v2)))
+        return self.side[(n.get_id(), p1, p2)]
+
+    def _without_quotients(self, f):
+        """``(f with each quotient a variable, the quotients' ids)``, inner quotients first."""
+        used = []
+        for term in _postorder([f], z3.Z3_OP_IDIV, lambda t: not z3.is_int_value(t.arg(1))):
+            if term.get_id() not in self.quotients:
+                inner = [(self.quotients[i][0], self.quotients[i][3]) for i in used]
+                x, n = (z3.substitute(a, *inner) if inner else a for a in term.children())
+                self.quotients[term.get_id()] = (term, x, n, z3.Int(f"abstract!div{len(self.quotients)}"))
+            used.append(term.get_id())
+        substitution = [(self.quotients[i][0], self.quotients[i][3]) for i in used]
+        return (z3.substitute(f, *substitution) if substitution else f), used
+
+    def _linear(self, f, quotients=()):
+        """``f`` in sum-of-monomials form, each product of two or more symbols a variable (a numeric
+        coefficient stays outside): ``(formula, quotient ids, product keys)``."""
+        f = z3.simplify(f, som=True)
+        substitution, keys = [], []
+        for term in _postorder([f], z3.Z3_OP_MUL, lambda t: len(_factors(t)) >= 2):
+            factors = _factors(term)
+            key = tuple(sorted(x.get_id() for x in factors))
+            if key not in self.products:
+                self.products[key] = (factors, tuple(factors) if len(factors) == 2 else None,
+                                      z3.Int(f"abstract!mul{len(self.products)}"))
+            variable = self.products[key][2]
+            coefficient = [c for c in term.children() if z3.is_int_value(c)]
+            substitution.append((term, variable * coefficient[0] if coefficient else variable))
+            if self.products[key][1] is not None:
+                keys.append(key)
+        return (z3.substitute(f, *substitution) if substitution else f), quotients, keys
 
 
 TRIAL_VALUES = (1, 2, 4)  # what each symbol that makes a query nonlinear is fixed to, in every combination
@@ -222,38 +310,8 @@ def _postorder(formulas, operator, keep=lambda term: True):
     return [term for term in TermIndex(formulas).of_kind(operator) if keep(term)]
 
 
-def _quotients_as_variables(formulas):
-    """``formulas`` with each ``x div n`` (``n`` not a number) a fresh variable ``q``, and ``(x, n, q)``."""
-    divisions = _postorder(formulas, z3.Z3_OP_IDIV, lambda t: not z3.is_int_value(t.arg(1)))
-    substitution, quotients = [], []
-    for index, term in enumerate(divisions):
-        x, n = (z3.substitute(a, *substitution) if substitution else a for a in term.children())
-        q = z3.Int(f"abstract!div{index}")
-        substitution.append((term, q))
-        quotients.append((x, n, q))
-    return [z3.substitute(f, *substitution) if substitution else f for f in formulas], quotients
-
-
 def _factors(term):
     return [c for c in term.children() if not z3.is_int_value(c)]
-
-
-def _products_as_variables(groups):
-    """Each group of formulas with each product of two or more symbols a fresh variable ``p`` (a numeric
-    coefficient stays outside), and ``(factors, p)`` for the products of exactly two."""
-    products = _postorder([f for group in groups for f in group], z3.Z3_OP_MUL,
-                          lambda t: len(_factors(t)) >= 2)
-    substitution, variables, two = [], {}, []
-    for term in products:
-        factors = _factors(term)
-        key = tuple(sorted(f.get_id() for f in factors))
-        if key not in variables:
-            variables[key] = z3.Int(f"abstract!mul{len(variables)}")
-            if len(factors) == 2:
-                two.append((factors, variables[key]))
-        coefficient = [c for c in term.children() if z3.is_int_value(c)]
-        substitution.append((term, variables[key] * coefficient[0] if coefficient else variables[key]))
-    return [[z3.substitute(f, *substitution) if substitution else f for f in group] for group in groups], two
 
 
 def _by_common_factor(products):

@@ -161,22 +161,22 @@ PROPERTIES = (
 def checks(settings: Settings, budget: Budget, slow_families=False, properties=None, keep=None):
     """``properties`` (default: all) for every family -- those with a slow feature (``slow_families``) or
     the others; ``keep(g)``, when given, picks among them."""
-    lemma = floor_division_lemma(budget)
+    lemma, abstraction = floor_division_lemma(budget), linear_abstraction(budget)  # one reading for all
     yield lemma
     note = "all block sizes; " + instances(settings)
     properties = PROPERTIES if properties is None else properties
     for claim, prop in properties:
         proof = check_property(claim, prop, [("all block sizes", symbolic_schedule())], lemma, budget,
-                               slow_families=slow_families, keep=keep)
+                               slow_families=slow_families, keep=keep, abstraction=abstraction)
         yield proof.but(detail="; ".join(filter(None, (proof.detail, note))))
     mine = overriding(settings)
     for claim, prop in properties if mine else ():
         yield check_property(f"{claim} [{', '.join(label for label, _ in mine)}]", prop, mine, lemma, budget,
-                             slow_families=slow_families, keep=keep)
+                             slow_families=slow_families, keep=keep, abstraction=abstraction)
 
 
 def check_property(claim, prop, schedules, lemma: Proof, budget: Budget, families=None, slow_families=False,
-                   keep=None):
+                   keep=None, abstraction=None):
     def queries():
         for label, sched in schedules:
             for family, g in geometries():
@@ -190,7 +190,7 @@ def check_property(claim, prop, schedules, lemma: Proof, budget: Budget, familie
     # Nonlinear (symbolic block sizes): decided in linear arithmetic with proven lemmas first; what that
     # leaves open by the plain core, see attnformal.logic.minimal_core_solver.
     return check_z3(claim, queries(), budget=budget, axioms=(floor_division(lemma),), solver=plain_solver,
-                    abstraction=linear_abstraction(budget))
+                    abstraction=abstraction or linear_abstraction(budget))
 
 
 def overriding(settings: Settings):

@@ -516,7 +516,8 @@ def parse(argv):
                         help="prove a kernel's KernelTiling (or a list; MODULE:ATTR too); repeatable")
     parser.add_argument("--jobs", type=cli.integer(minimum=1), default=min(2, os.cpu_count() or 1), metavar="N",
                         help="worker processes (<= 2)")
-    parser.add_argument("--triton", metavar="FILE.py:KERNEL", help="prove a Triton kernel from its TTIR")
+    parser.add_argument("--triton", metavar="FILE.py:KERNEL", action="append",
+                        help="prove a Triton kernel from its TTIR; repeatable")
     parser.add_argument("--no-cache", action="store_true",
                         help="re-prove unchanged obligations too")
     prove_options.add_options(parser)
@@ -611,7 +612,8 @@ def _main(argv) -> int:
     if args.triton:
         from attnformal.ttir.cli import prove_triton
         from attnformal.ttir.theorems import Limits
-        return prove_triton(args.triton, Limits(units=int(args.budget * RLIMIT_UNIT), seconds=args.timeout))
+        limits = Limits(units=int(args.budget * RLIMIT_UNIT), seconds=args.timeout)
+        return max([prove_triton(target, limits) for target in args.triton])  # 2: a usage error, 1: not proved
     if args.show_schedule:
         return prove_options.show_schedule(args, chosen, settings.schedules)
     proves_schedules = any(getattr(module, "PROVES_SCHEDULES", False) for _, module in chosen)

@@ -1,4 +1,5 @@
-"""``python -m attnformal.prove --triton FILE.py:KERNEL`` (or ``MODULE:ATTR``): the TTIR theorems, one line each."""
+"""``python -m attnformal.prove --triton FILE.py:KERNEL`` (or ``MODULE:ATTR``; repeated for several): the TTIR
+theorems, one line each."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ def prove_triton(target: str, limits: Limits = Limits(), out=sys.stdout) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     ok = True
+    print(f"kernel {target}", file=out)
     for config, proofs in prove_launch(launch, fn=fn, limits=limits):
         print(f"config {_named(config)}", file=out)
         for proof in proofs:

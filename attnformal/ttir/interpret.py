@@ -104,6 +104,7 @@ class Trace:
     loops: list[Loop] = field(default_factory=list)
     definitions: list = field(default_factory=list)  # Z3 facts defining fresh symbols (div, rem)
     reductions: list = field(default_factory=list)  # (combiners, input Tensor, loc, innermost Loop or None)
+    exponentials: list = field(default_factory=list)  # (input Tensor, loc, innermost Loop or None) of exp, exp2
 
 
 # ------------------------------------------------------------------------ types
@@ -524,9 +525,16 @@ def _float_op(arity):
 for _name in ("arith.addf", "arith.subf", "arith.mulf", "arith.divf", "arith.maxnumf", "arith.minnumf",
               "arith.maximumf", "arith.minimumf"):
     HANDLERS[_name] = _float_op(2)
-for _name in ("math.exp", "math.exp2", "math.log", "math.log2", "math.absf", "math.sqrt", "arith.negf",
-              "arith.truncf", "arith.extf", "arith.sitofp"):
+for _name in ("math.log", "math.log2", "math.absf", "math.sqrt", "arith.negf", "arith.truncf", "arith.extf",
+              "arith.sitofp"):
     HANDLERS[_name] = _float_op(1)
+
+
+@handles("math.exp", "math.exp2")
+def _exponential(interp, op, env, path):
+    """As any unary float op, and recorded: a softmax's weights are the exponentials of the masked scores."""
+    interp.trace.exponentials.append((env[_operands(op.body)[0]], op.loc, interp.loop()))
+    return _float_op(1)(interp, op, env, path)
 
 
 @handles("arith.cmpf")

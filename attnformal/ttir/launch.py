@@ -53,7 +53,8 @@ class LaunchDescription:
     constraints: Callable  # (sizes, config) -> Z3 facts every launch satisfies
     preconditions: Callable  # (sizes, config) -> (name, fact) the host must ensure; reported as assumed
     geometry: Callable  # (sizes, config) -> MaskGeometry on Z3 terms (the spec's index mask)
-    key_loop: tuple[str, int]  # (table, axis): the loop over key blocks reads its bounds from this table
+    key_loop: tuple[str, tuple[str, ...]]  # (table, program coordinates): the key loop runs over
+    # table[coordinates..., 0] <= block < table[coordinates..., 1]
     block: Callable  # config -> (rows per query block, keys per key block)
     pointer_types: dict = field(default_factory=dict)  # pointer parameter -> Triton type ("*i32"); else *fp32
     table_indices: Callable = lambda program, iv: {}  # (program coordinates, key loop iv or None) -> the
@@ -141,6 +142,23 @@ def _state(*extra):
                       feature=4 if extra else None, tile="query", output=True)
 
 
+def _query_rows(*extra, output=False):
+    """A ``[B, Hq, Sq(, extra)]`` tensor read or written by a query block's program."""
+    return TensorRole(("B", "Hq", "Sq", *extra), program={0: "b", 1: "h"}, seq=2, feature=3 if extra else None,
+                      tile="query", output=output)
+
+
+def _blocks(config):
+    return config["BLOCK_M"], config["BLOCK_N"]
+
+
+_INDEX_TABLES = dict(  # the row tables are read a query block at a time: their loads have an address theorem
+    ROW_LO=TensorRole(("B", "Sq"), program={0: "b"}, seq=1, tile="query", contract=_row_end(0)),
+    ROW_HI=TensorRole(("B", "Sq"), program={0: "b"}, seq=1, tile="query", contract=_row_end(1)),
+    CLASSES=TensorRole(("B", "nM", "nN"), contract=_classes),
+    SCALARS=TensorRole(("3",)),
+)
+
 _FWD_BASE = dict(HAS_ATTN_MASK=False, HAS_KEEP=False, HAS_SOFTCAP=False, HAS_BIAS=False,
                  BLOCK_M=128, BLOCK_N=64, BLOCK_D=64, BLOCK_DV=64, BF16_VIA_FP32=False)
 
@@ -150,23 +168,65 @@ FORWARD = LaunchDescription(
     arguments=dict(batch="B", heads_q="Hq", group="G", seq_q="Sq", seq_k="Sk", head_dim="D", head_dim_v="Dv",
                    num_q_blocks="nM", num_kv_blocks="nN", num_splits="S"),
     tensors=dict(
-        Q=TensorRole(("B", "Hq", "Sq", "D"), program={0: "b", 1: "h"}, seq=2, feature=3, tile="query"),
+        Q=_query_rows("D"),
         K=TensorRole(("B", "Hkv", "Sk", "D"), program={0: "b", 1: "kv_head"}, seq=2, feature=3, tile="key"),
         V=TensorRole(("B", "Hkv", "Sk", "Dv"), program={0: "b", 1: "kv_head"}, seq=2, feature=3, tile="key"),
         M_PART=_state(), L_PART=_state(), ACC_PART=_state("Dv"),
-        ROW_LO=TensorRole(("B", "Sq"), contract=_row_end(0)),
-        ROW_HI=TensorRole(("B", "Sq"), contract=_row_end(1)),
-        CLASSES=TensorRole(("B", "nM", "nN"), contract=_classes),
-        KV_SPLITS=TensorRole(("B", "nM", "S", "2"), contract=_splits),
-        SCALARS=TensorRole(("3",)),
+        **_INDEX_TABLES, KV_SPLITS=TensorRole(("B", "nM", "S", "2"), contract=_splits),
     ),
     configs=[dict(_FWD_BASE, CAUSAL=mode, HAS_SOFTCAP=softcap) for softcap in (False, True)
              for mode in range(len(CAUSAL_MODES))],
     grid=_fwd_grid, program=_fwd_program, constraints=_fwd_constraints, preconditions=_fwd_preconditions,
-    geometry=_geometry, key_loop=("KV_SPLITS", 3), block=lambda config: (config["BLOCK_M"], config["BLOCK_N"]),
+    geometry=_geometry, key_loop=("KV_SPLITS", ("b", "bm", "split")), block=_blocks,
     pointer_types={name: "*i32" for name in ("ROW_LO", "ROW_HI", "CLASSES", "KV_SPLITS")}
     | {"ATTN_MASK": "*i8", "KEEP": "*i8"},
     table_indices=_fwd_table_indices,
 )
 
-LAUNCHES = {FORWARD.kernel: FORWARD}
+
+def _dq_grid(s, config):
+    return (s["nM"], s["B"] * s["Hq"], 1)
+
+
+def _dq_program(s, config, pids, fresh):
+    """Axis x: query block ``bm``; y: ``b * Hq + h``."""
+    coordinates, facts = _fwd_program(s, config, [pids[0], 0, pids[1]], fresh)
+    return {name: value for name, value in coordinates.items() if name != "split"}, facts
+
+
+def _dq_constraints(s, config):
+    """The forward's shapes with one split part (dQ visits a query block's whole key range): its bounds on
+    the state and split tables then bound DO, LSE, DELTA (``B Hq Sq Dv``) and KV_RANGES (``B nM 2``)."""
+    return _fwd_constraints(dict(s, S=z3.IntVal(1)), config)
+
+
+def _dq_table_indices(program, iv):
+    """The program's key range (both ends) and, in the key loop, the class of tile ``(bm, iv)``."""
+    b, bm = program["b"], program["bm"]
+    at = {"KV_RANGES": [(b, bm, 0), (b, bm, 1)]}
+    if iv is not None:
+        at["CLASSES"] = [(b, bm, iv)]
+    return at
+
+
+# dQ of one query block of one query head (FlashAttention-2's second backward kernel): the forward's
+# key loop without split parts, over the host's kv_ranges (obligation 12: the schedule's kv_range).
+BACKWARD_DQ = LaunchDescription(
+    kernel="attnformal.kernels.triton_flash:_attn_bwd_dq",
+    sizes=("B", "Hq", "G", "Hkv", "Sq", "Sk", "D", "Dv", "nM", "nN"),
+    arguments=dict(batch="B", heads_q="Hq", group="G", seq_q="Sq", seq_k="Sk", head_dim="D", head_dim_v="Dv",
+                   num_q_blocks="nM", num_kv_blocks="nN"),
+    tensors=dict(
+        Q=_query_rows("D"), DO=_query_rows("Dv"), LSE=_query_rows(), DELTA=_query_rows(),
+        K=FORWARD.tensors["K"], V=FORWARD.tensors["V"], DQ=_query_rows("D", output=True),
+        KV_RANGES=TensorRole(("B", "nM", "2"), contract=_splits), **_INDEX_TABLES,
+    ),
+    configs=FORWARD.configs,
+    grid=_dq_grid, program=_dq_program, constraints=_dq_constraints, preconditions=_fwd_preconditions,
+    geometry=_geometry, key_loop=("KV_RANGES", ("b", "bm")), block=_blocks,
+    pointer_types={name: "*i32" for name in ("ROW_LO", "ROW_HI", "CLASSES", "KV_RANGES")}
+    | {"ATTN_MASK": "*i8", "KEEP": "*i8"},
+    table_indices=_dq_table_indices,
+)
+
+LAUNCHES = {launch.kernel: launch for launch in (FORWARD, BACKWARD_DQ)}

@@ -31,7 +31,7 @@ import z3
 
 from attnformal.logic import (DEFAULT_WALL_S, PROVED, REFUTED, RLIMIT_UNIT, UNKNOWN, VACUOUS, Budget, Proof,
                               TermIndex)
-from attnformal.ttir.interpret import Unsupported, interpret
+from attnformal.ttir.interpret import Tensor, Unsupported, interpret
 from attnformal.ttir.launch import LaunchDescription, TensorRole
 from attnformal.ttir.lower import lower
 
@@ -293,53 +293,68 @@ def address(setting, limits, proven):
 
 
 def coverage(setting, limits):
-    """Each key block of the host's split range of this program is the iteration of exactly one key loop,
-    and no loop runs over a block outside it (table, axis of the two ends)."""
-    table, axis = setting.launch.key_loop
+    """Each key block of the host's range of this program (``table[coordinates..., 0:2]``) is the iteration
+    of exactly one key loop, and no loop runs over a block outside it."""
+    table, coordinates = setting.launch.key_loop
     role = setting.launch.tensors[table]
     memory = z3.Function(f"{table}_value", z3.IntSort(), z3.IntSort())
     loops = setting.trace.loops
     if not loops:
         yield Proof("coverage: a key loop", TOOL, UNKNOWN, detail="no scf.for in the IR")
         return
-    index = [setting.program[name] for name in ("b", "bm", "split")]
+    index = [setting.program[name] for name in coordinates]
     ends = [memory(setting.layout(role, index + [end])) for end in (0, 1)]
     block = setting.fresh("block")
     visits = z3.Sum([z3.If(z3.And(*loop.path, loop.lower <= block, block < loop.upper), 1, 0) for loop in loops])
     wanted = z3.If(z3.And(ends[0] <= block, block < ends[1]), 1, 0)
     where = ", ".join(loop.loc for loop in loops)
     yield decide(f"coverage: the key loop{'s' if len(loops) > 1 else ''} at {where} visit each block of "
-                 f"{table}[b, bm, split, 0:2] once, no other", [], visits == wanted, setting, limits,
+                 f"{table}[{', '.join(coordinates)}, 0:2] once, no other", [], visits == wanted, setting, limits,
                  [("block", block), ("visits", visits), ("table start", ends[0]), ("table end", ends[1])]
                  + sum(([(f"loop {k} start", loop.lower), (f"loop {k} end", loop.upper)]
                         for k, loop in enumerate(loops)), []))
 
 
 def masking(setting, limits):
-    """Lane ``(r, c)`` of each softmax input (a row max in a key loop): raw score of ``(i, j)`` iff
+    """Lane ``(r, c)`` of each softmax input in a key loop -- a row max of the scores, and the scores an
+    ``exp(s - shift)`` weighs (the backward has no max) -- is the raw score of ``(i, j)`` iff
     ``may_attend(i, j)``, else -inf."""
-    maxima = [(source, loc, loop) for combiners, source, loc, loop in setting.trace.reductions
-              if combiners and all("max" in c for c in combiners) and loop is not None]
-    if not maxima:
-        yield Proof("masking: a row max of the scores in a key loop", TOOL, UNKNOWN, detail="no max reduction")
-    for source, loc, loop in maxima:
-        yield _masking_at(setting, source, loc, loop, limits)
+    targets = [(source, f"scores reaching the row max at {loc}", loop)
+               for combiners, source, loc, loop in setting.trace.reductions
+               if combiners and all("max" in c for c in combiners) and loop is not None]
+    targets += [(scores, f"scores weighed by the exp at {loc}", loop) for scores, loc, loop in
+                ((_shifted_scores(source), loc, loop) for source, loc, loop in setting.trace.exponentials)
+                if scores is not None and loop is not None]
+    if not targets:
+        yield Proof("masking: a softmax over the scores in a key loop", TOOL, UNKNOWN,
+                    detail="no row max and no exp(scores - shift)")
+    for source, what, loop in targets:
+        yield _masking_at(setting, source, what, loop, limits)
 
 
-def _masking_at(setting, source, loc, loop, limits):
+def _shifted_scores(source):
+    """``s`` of an exponential's argument ``s - shift`` where only ``s`` holds scores (the softmax's; a
+    softcap's ``exp(-2|x|)`` is not one), as a tensor; else None."""
+    probe = source.at(tuple(z3.Int(f"probe{k}") for k in range(len(source.shape))))
+    if not (probe[0] == "op" and probe[1] == "arith.subf" and _has_dot(probe[2]) and not _has_dot(probe[3])):
+        return None
+    return Tensor(source.shape, source.kind, lambda lane: source.at(lane)[2])
+
+
+def _masking_at(setting, source, what, loop, limits):
     lane, ranges = setting.lane(source.shape)
     try:
         score, neg_inf, dots, fills, selects = _classify(source.at(lane))
     except Unsupported as why:
-        return Proof(f"masking: the scores at {loc}", TOOL, UNKNOWN, detail=str(why))
+        return Proof(f"masking: the {what}", TOOL, UNKNOWN, detail=str(why))
     if len(dots) != 1:
-        return Proof(f"masking: the scores at {loc}", TOOL, UNKNOWN, detail=f"{len(dots)} products reach the max")
+        return Proof(f"masking: the {what}", TOOL, UNKNOWN, detail=f"{len(dots)} products reach it")
     i, j, facts = _score_indices(setting, dots[0])
     from attnformal.masks import may_attend
     goal = z3.And(z3.Or(score, neg_inf), score == may_attend(i, j, setting.launch.geometry(setting.sizes,
                                                                                          setting.config)))
     masked_at = f" (masked at {', '.join(dict.fromkeys(selects))})" if selects else " (no mask)"
-    proof = decide(f"masking: scores reaching the row max at {loc} are -inf unless may_attend(i, j){masked_at}",
+    proof = decide(f"masking: {what} are -inf unless may_attend(i, j){masked_at}",
                    ranges + facts + [z3.And(loop.lower <= loop.iv, loop.iv < loop.upper)] + loop.path,
                    goal, setting, limits, _lane_shown(lane) + [("i", i), ("j", j), ("score kept", score)],
                    context=_masking_context(setting, i, j, loop))

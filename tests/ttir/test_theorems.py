@@ -1,4 +1,4 @@
-"""The TTIR theorems on the shipped forward kernel, and bugs planted in copies of its source refuted.
+"""The TTIR theorems on the shipped forward and dQ kernels, and bugs planted in copies of their source refuted.
 
 Lowering needs Triton's compiler, not its interpreter (which the suite's conftest turns on), so each
 case runs in a child Python without ``TRITON_INTERPRET``. Each planted copy is compiled once and only
@@ -8,6 +8,7 @@ the theorem that must refute it is run.
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -18,34 +19,36 @@ pytest.importorskip("triton")
 SOURCE = pathlib.Path(__file__).parents[2] / "kernels" / "triton_flash.py"
 CHILD = """
 import json, sys
-from attnformal.ttir.launch import FORWARD
+from attnformal.ttir import launch
 from attnformal.ttir.theorems import load_attr, prove_launch
+described = getattr(launch, sys.argv[4])
 fn = load_attr(sys.argv[1]) if sys.argv[1] else None
-(config, proofs), = prove_launch(FORWARD, fn=fn, theorems=sys.argv[2].split(","),
-                                 configs=[FORWARD.configs[int(sys.argv[3])]])
+(config, proofs), = prove_launch(described, fn=fn, theorems=sys.argv[2].split(","),
+                                 configs=[described.configs[int(sys.argv[3])]])
 print(json.dumps([[p.status, p.claim, p.detail] for p in proofs]))
 """
+LAUNCHES = {"_attn_fwd": "FORWARD", "_attn_bwd_dq": "BACKWARD_DQ"}  # kernel -> its description in launch.py
 NOT_CAUSAL, BOTTOM_RIGHT, SOFTCAP = 0, 2, 3  # indices into FORWARD.configs (CAUSAL_MODES order, then with softcap)
 
 
-def _prove(theorems, kernel="", config=NOT_CAUSAL):
+def _prove(theorems, kernel="", config=NOT_CAUSAL, function="_attn_fwd"):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    done = subprocess.run([sys.executable, "-c", CHILD, kernel, theorems, str(config)], capture_output=True,
-                          text=True, env=env, check=True)
+    done = subprocess.run([sys.executable, "-c", CHILD, kernel, theorems, str(config), LAUNCHES[function]],
+                          capture_output=True, text=True, env=env, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _forward_source(text):
-    """The span of ``_attn_fwd`` in the kernel file (helpers it calls come before it)."""
-    start = text.index("def _attn_fwd(")
-    return start, text.index("\n@triton.jit", start)
+def _kernel_source(text, function="_attn_fwd"):
+    """The span of a kernel in the kernel file (helpers it calls come before it): to the next unindented line."""
+    start = text.index(f"def {function}(")
+    return start, re.compile(r"\n(?=[^\s)])").search(text, start).start()
 
 
-def _plant(old, new, *, anywhere=False):
-    """A textual edit of the kernel file: ``old`` must occur once (in ``_attn_fwd`` unless ``anywhere``)."""
+def _plant(old, new, *, anywhere=False, function="_attn_fwd"):
+    """A textual edit of the kernel file: ``old`` must occur once (in ``function`` unless ``anywhere``)."""
     def edit(text):
-        start, end = (0, len(text)) if anywhere else _forward_source(text)
+        start, end = (0, len(text)) if anywhere else _kernel_source(text, function)
         span = text[start:end]
         assert span.count(old) == 1, old
         return text[:start] + span.replace(old, new(old) if callable(new) else new) + text[end:]
@@ -61,7 +64,7 @@ def _line_of(text, marker):
     return [k + 1 for k in range(first - 1, len(lines)) if needle in lines[k]][occurrence]
 
 
-_LOOP = SOURCE.read_text()[slice(*_forward_source(SOURCE.read_text()))]
+_LOOP = SOURCE.read_text()[slice(*_kernel_source(SOURCE.read_text()))]
 _LOOP = _LOOP[_LOOP.index("    for bn in range("):_LOOP.index("\n\n    state_rows")]
 
 
@@ -74,7 +77,7 @@ def _visit_last_block_again(loop):
 
 
 # (name, edit, theorem, claim prefix, marker of the line the refutation names (_line_of), config)
-PLANTED = [
+FORWARD_PLANTED = [
     ("finite -1e6 fill", _plant('s = tl.where(allowed, s, float("-inf"))', 's = tl.where(allowed, s, -1e6)',
                                 anywhere=True),
      "masking", "masking:", ("_tile_scores", "s = tl.where(allowed", 0), NOT_CAUSAL),
@@ -107,25 +110,55 @@ PLANTED = [
      "writes", "writes: no two programs or lanes store the same M_PART", ("_attn_fwd", "tl.store(M_PART", 0), NOT_CAUSAL),
 ]
 
+DQ = "_attn_bwd_dq"
+DQ_PLANTED = [
+    ("dQ: key loop one block short", _plant("tl.load(kv_range + 1)):", "tl.load(kv_range + 1) - 1):", function=DQ),
+     "coverage", "coverage:", (DQ, "for bn in range(", 0), NOT_CAUSAL),
+    ("dQ: K read with the query head", _plant("k_base = K + kv_bh * seq_k", "k_base = K + bh * seq_k", function=DQ),
+     "address", "address: load of K", (DQ, "k = _load_rows(k_base", 0), NOT_CAUSAL),
+    ("dQ: lse rows strided by the head dim", _plant("stats = bh * seq_q + rows", "stats = bh * head_dim + rows",
+                                                anywhere=True),
+     "address", "address: load of LSE", ("_load_query_rows", "lse = tl.load(LSE", 0), NOT_CAUSAL),
+    ("dQ: every tile taken as FULL", _plant("tl.load(class_row + bn),", "2,", function=DQ),
+     "masking", "masking:", (DQ, "_, ds, slope = _tile_grads(", 0), BOTTOM_RIGHT),
+    ("dQ: tail rows stored past the end", _plant("mask=(rows[:, None] < seq_q) & (dims[None, :] < head_dim))",
+                                                  "mask=dims[None, :] < head_dim)", function=DQ),
+     "address", "address: store of DQ", (DQ, "tl.store(DQ", 0), NOT_CAUSAL),
+]
+PLANTED = [(*planted, "_attn_fwd") for planted in FORWARD_PLANTED] + [(*planted, DQ) for planted in DQ_PLANTED]
+
 
 @pytest.mark.parametrize("config", range(6), ids=[f"{causal}{softcap}" for softcap in ("", ", softcap")
                                                    for causal in ("not causal", "top-left", "bottom-right")])
 def test_shipped_forward_is_proved_for_all_shapes(config):
-    """Each shipped configuration (128x64): no-wrap, address, bounds, masking, coverage and writes, all proved
-    (loading the softcap scalar adds its pointer's no-wrap and its bounds)."""
+    """Each shipped configuration (128x64): no-wrap, address, bounds, masking (at the row max and at the exp),
+    coverage and writes, all proved (loading the softcap scalar adds its pointer's no-wrap and its bounds)."""
     proofs = _prove("no-wrap,address,bounds,masking,coverage,writes", config=config)
-    assert len(proofs) == (81 if config >= SOFTCAP else 79) and all(status == "proved" for status, _, _ in proofs), \
+    assert len(proofs) == (84 if config >= SOFTCAP else 82) and all(status == "proved" for status, _, _ in proofs), \
         [p for p in proofs if p[0] != "proved"]
     assert {claim.split(":")[0] for _, claim, _ in proofs} >= {"no-wrap", "address", "bounds", "masking", "coverage",
                                                                "writes"}
 
 
-@pytest.mark.parametrize("name, edit, theorem, prefix, marker, config", PLANTED, ids=[p[0] for p in PLANTED])
-def test_planted_bug_is_refuted_with_its_line(tmp_path, name, edit, theorem, prefix, marker, config):
+@pytest.mark.parametrize("config", range(6), ids=[f"{causal}{softcap}" for softcap in ("", ", softcap")
+                                                   for causal in ("not causal", "top-left", "bottom-right")])
+def test_shipped_dq_is_proved_for_all_shapes(config):
+    """The dQ kernel, each shipped configuration: the forward's theorems over Q, DO, LSE, DELTA, K, V and the DQ
+    store; masking at the exp that weighs the scores by the saved lse (the backward has no row max)."""
+    proofs = _prove("no-wrap,address,bounds,masking,coverage,writes", config=config, function=DQ)
+    assert len(proofs) == (79 if config >= SOFTCAP else 77) and all(status == "proved" for status, _, _ in proofs), \
+        [p for p in proofs if p[0] != "proved"]
+    assert any(claim.startswith("masking: scores weighed by the exp") for _, claim, _ in proofs)
+    assert any(claim.startswith("coverage: the key loop") and "KV_RANGES[b, bm, 0:2]" in claim for _, claim, _ in proofs)
+
+
+@pytest.mark.parametrize("name, edit, theorem, prefix, marker, config, function", PLANTED,
+                         ids=[p[0] for p in PLANTED])
+def test_planted_bug_is_refuted_with_its_line(tmp_path, name, edit, theorem, prefix, marker, config, function):
     text = edit(SOURCE.read_text())
     path = tmp_path / "planted_flash.py"
     path.write_text(text)
-    proofs = _prove(theorem, f"{path}:_attn_fwd", config)
+    proofs = _prove(theorem, f"{path}:{function}", config, function)
     line = _line_of(text, marker)
     refuted = [(claim, detail) for status, claim, detail in proofs if status == "refuted" and claim.startswith(prefix)]
     assert any(f"planted_flash.py:{line}" in claim or f"line {line}" in claim for claim, _ in refuted), \

@@ -30,11 +30,12 @@ endif
 prove: $(VENV)/.installed
 	$(PY) -m attnformal.prove
 
-# The forward and dQ Triton kernels proved from their TTIR, every shipped configuration (docs/ttir.md): about
-# 40 s of Z3 in all, so a target of its own rather than a `make prove` obligation (which must stay ~10 s).
+# The forward, dQ and dK/dV Triton kernels proved from their TTIR, every shipped configuration (docs/ttir.md): about
+# 45 s of Z3 in all, so a target of its own rather than a `make prove` obligation (which must stay ~10 s).
 prove-triton: $(VENV)/.installed
 	env -u TRITON_INTERPRET TRITON_DEFAULT_FP_FUSION=1 $(PY) -m attnformal.prove \
-	  --triton attnformal.kernels.triton_flash:_attn_fwd --triton attnformal.kernels.triton_flash:_attn_bwd_dq
+	  --triton attnformal.kernels.triton_flash:_attn_fwd --triton attnformal.kernels.triton_flash:_attn_bwd_dq \
+	  --triton attnformal.kernels.triton_flash:_attn_bwd_dkdv
 
 # The main run spreads the tests over worker processes (pytest-xdist; one per core, at most 4: each
 # worker holds its own torch), a module per worker (its fixtures and the wheel test-command builds stay in one

@@ -27,10 +27,9 @@ TRUSTED = (
     "(i, j) of many shapes (tests/kernels/test_triton_flash.py), not proved (their mask is the spec's key "
     "interval, handed over as row tables: obligation 12 (c)); so are the Triton kernels' own loops (the torch "
     "and ring kernels' fold is `kernels.split_kv.fold_row`, obligations 11 (e) and 17), and every kernel's "
-    "accumulations (tested against the float64 oracle). The forward and dQ Triton kernels' integer arithmetic, "
-    "addresses, bounds, masking, key coverage and writes are proved from their compiled TTIR by `make "
-    "prove-triton` (docs/ttir.md), a target of its own; the dK/dV kernel's, and every other kernel's loads "
-    "and offsets, are tested.",
+    "accumulations (tested against the float64 oracle). The three Triton kernels' integer arithmetic, "
+    "addresses, bounds, masking, block coverage and writes are proved from their compiled TTIR by `make "
+    "prove-triton` (docs/ttir.md), a target of its own; every other kernel's loads and offsets are tested.",
     "Rounding: the IEEE lemmas model each float operation rounded to nearest-even on its own -- no fused "
     "multiply-add contraction, no flush-to-zero or denormals-are-zero of arithmetic results; exp and log "
     "are faithfully rounded (exp may return +0 for tiny results: no axiom rules that out); accumulators "

@@ -67,6 +67,7 @@ class Loop:
     upper: Any
     loc: str
     path: list
+    outer: Loop | None = None  # the scf.for around this one
 
 
 @dataclass
@@ -582,7 +583,7 @@ def _for(interp, op, env, path):
         raise Unsupported("scf.for with a step other than 1", op.loc)
     iv = interp.fresh("iv")
     inside = path + [lower <= iv, iv < upper]
-    loop = Loop(iv, lower, upper, op.loc, list(path))
+    loop = Loop(iv, lower, upper, op.loc, list(path), interp.loop())
     interp.trace.loops.append(loop)
     body_env = dict(env)
     body_env[iv_name] = _scalar(Kind("int", 32), iv)

@@ -59,6 +59,9 @@ class LaunchDescription:
     pointer_types: dict = field(default_factory=dict)  # pointer parameter -> Triton type ("*i32"); else *fp32
     table_indices: Callable = lambda program, iv: {}  # (program coordinates, key loop iv or None) -> the
     # entries each table is read at: {table: [index, ...]} (where its contract is instantiated)
+    in_loop: Callable = lambda sizes, config, program, loop: {"bn": loop.iv}  # (sizes, config, program, the
+    # innermost loop around an access) -> the coordinates an iteration stands for (default: key block bn)
+    outer_loop: Callable | None = None  # sizes -> (lower, upper): the range a loop around the block loop must run
 
 
 def _cdiv(a, b):
@@ -229,4 +232,65 @@ BACKWARD_DQ = LaunchDescription(
     table_indices=_dq_table_indices,
 )
 
-LAUNCHES = {launch.kernel: launch for launch in (FORWARD, BACKWARD_DQ)}
+
+
+def _dkdv_grid(s, config):
+    return (s["nN"], s["B"] * s["Hkv"], 1)
+
+
+def _dkdv_program(s, config, pids, fresh):
+    """Axis x: key block ``bn``; y: ``b * Hkv + kv_head``."""
+    facts = [s["Hq"] / s["G"] == s["Hkv"]]  # true as Hq = G * Hkv: the kernel's heads_kv
+    return {"bn": pids[0], "b": pids[1] / s["Hkv"], "kv_head": pids[1] % s["Hkv"]}, facts
+
+
+def _dkdv_in_loop(s, config, program, loop):
+    """The outer loop runs over the query heads of the group (iteration ``g``: head ``kv_head * G + g``, the
+    heads ``kv_head_of`` maps to ``kv_head``, obligation 6); the inner one over query blocks ``bm``."""
+    head_loop = loop if loop.outer is None else loop.outer
+    inside = {"h": program["kv_head"] * s["G"] + head_loop.iv}
+    return inside if loop.outer is None else {**inside, "bm": loop.iv}
+
+
+def _dkdv_constraints(s, config):
+    return _dq_constraints(s, config) + [s["B"] * s["nN"] * 2 <= MAX_ELEMENTS]  # Q_RANGES fits
+
+
+def _dkdv_table_indices(program, iv):
+    """The key block's range of query blocks (both ends) and, in the loop over them, the class of tile ``(iv, bn)``."""
+    b, bn = program["b"], program["bn"]
+    at = {"Q_RANGES": [(b, bn, 0), (b, bn, 1)]}
+    if iv is not None:
+        at["CLASSES"] = [(b, iv, bn)]
+    return at
+
+
+def _query_blocks(index, value, s, config, context):
+    """Query-block ranges lie within the query blocks (obligation 12 (b): the non-SKIP blocks of each key block)."""
+    return z3.And(0 <= value, value <= s["nM"])
+
+
+def _key_rows(feature, output=False):
+    return TensorRole(("B", "Hkv", "Sk", feature), program={0: "b", 1: "kv_head"}, seq=2, feature=3, tile="key",
+                      output=output)
+
+
+# dK, dV of one key block of one KV head (FlashAttention-2's first backward kernel): a loop over the query heads
+# of its group around a loop over the host's q_ranges, the query blocks whose tile with it is not SKIP.
+BACKWARD_DKDV = LaunchDescription(
+    kernel="attnformal.kernels.triton_flash:_attn_bwd_dkdv",
+    sizes=BACKWARD_DQ.sizes, arguments=BACKWARD_DQ.arguments,
+    tensors=dict(
+        Q=_query_rows("D"), DO=_query_rows("Dv"), LSE=_query_rows(), DELTA=_query_rows(),
+        K=_key_rows("D"), V=_key_rows("Dv"), DK=_key_rows("D", output=True), DV=_key_rows("Dv", output=True),
+        Q_RANGES=TensorRole(("B", "nN", "2"), contract=_query_blocks), **_INDEX_TABLES,
+    ),
+    configs=FORWARD.configs,
+    grid=_dkdv_grid, program=_dkdv_program, constraints=_dkdv_constraints, preconditions=_fwd_preconditions,
+    geometry=_geometry, key_loop=("Q_RANGES", ("b", "bn")), block=_blocks,
+    pointer_types={name: "*i32" for name in ("ROW_LO", "ROW_HI", "CLASSES", "Q_RANGES")}
+    | {"ATTN_MASK": "*i8", "KEEP": "*i8"},
+    table_indices=_dkdv_table_indices, in_loop=_dkdv_in_loop, outer_loop=lambda s: (0, s["G"]),
+)
+
+LAUNCHES = {launch.kernel: launch for launch in (FORWARD, BACKWARD_DQ, BACKWARD_DKDV)}

@@ -10,10 +10,13 @@ launch description's facts (lengths, grid, table contents) and the stated precon
   its logical index: the program's batch and head (``kv_head_of`` for K and V), row
   ``block * BLOCK + lane`` of the query block or of the key loop's block, feature ``lane``; and its
   mask lets a lane through iff that element exists (no row or column dropped);
-* **masking** -- the scores reaching the softmax's max are, lane by lane, the raw score
-  ``q_i . k_j`` or ``-inf``, and raw iff the spec's :func:`~attnformal.masks.may_attend` ``(i, j)``;
-* **coverage** -- the key loop runs over exactly the host's split range (obligation 11 makes those
-  a partition of the visited blocks, obligation 5 the visited blocks all that hold allowed keys);
+* **masking** -- the scores reaching the softmax (a row max, or an ``exp(s - shift)``) are, lane by
+  lane, the raw score ``q_i . k_j`` or ``-inf``, and raw iff the spec's
+  :func:`~attnformal.masks.may_attend` ``(i, j)``;
+* **coverage** -- the block loop (innermost: over key blocks, or dK/dV's over query blocks) runs over
+  exactly the host's range (obligation 11 makes the split ranges a partition of the visited blocks,
+  obligation 5 the visited blocks all that hold allowed keys), and a loop around it (dK/dV's over the
+  query heads of a group) over exactly the range the launch states;
 * **writes** -- every element of every output is written by exactly one program and lane.
 
 An IR the interpreter cannot model gives one *unknown* naming the op and line.
@@ -61,6 +64,11 @@ class Setting:
 
     def fresh(self, stem):
         return z3.Int(f"{self.prefix}{stem}~{next(self.counter)}")
+
+    def coordinates(self, loop):
+        """The program's coordinates, with those the launch gives an iteration of ``loop`` (and its outer ones)."""
+        inside = self.launch.in_loop(self.sizes, self.config, self.program, loop) if loop is not None else {}
+        return {**self.program, **inside}
 
     def lane(self, shape, stem="lane"):
         lane = tuple(self.fresh(f"{stem}{k}") for k in range(len(shape)))
@@ -251,14 +259,15 @@ def _layout_lemma(setting, name, role, limits):
 def tile_index(setting, role, lane, loop):
     """The logical index the launch assigns to a lane of a tiled access (``loop``: the key loop around it),
     and where it exists."""
-    block_m, block_n = setting.launch.block(setting.config)
-    if role.tile == "key" and loop is None:
+    coordinates = setting.coordinates(loop)
+    block, size = _tile_block(setting, role, coordinates)
+    if block is None or any(name not in coordinates for name in role.program.values()):
         return None
-    origin = setting.program["bm"] * block_m if role.tile == "query" else loop.iv * block_n
+    origin = block * size
     index, exists = [], []
     for axis, n in enumerate(setting.dims(role)):
         if axis in role.program:
-            x = setting.program[role.program[axis]]
+            x = coordinates[role.program[axis]]
         elif axis == role.seq:
             x = origin + lane[0]
         elif axis == role.feature:
@@ -268,6 +277,14 @@ def tile_index(setting, role, lane, loop):
         index.append(x)
         exists.append(z3.And(0 <= x, x < n))
     return index, z3.And(exists)
+
+
+def _tile_block(setting, role, coordinates):
+    """``(block index, rows per block)`` of a tiled tensor: query blocks ``bm`` of ``BLOCK_M`` rows, key blocks
+    ``bn`` of ``BLOCK_N`` (a program's coordinate, or a loop's iteration)."""
+    block_m, block_n = setting.launch.block(setting.config)
+    name, size = ("bm", block_m) if role.tile == "query" else ("bn", block_n)
+    return coordinates.get(name), size
 
 
 def address(setting, limits, proven):
@@ -293,12 +310,13 @@ def address(setting, limits, proven):
 
 
 def coverage(setting, limits):
-    """Each key block of the host's range of this program (``table[coordinates..., 0:2]``) is the iteration
-    of exactly one key loop, and no loop runs over a block outside it."""
+    """Each block of the host's range of this program (``table[coordinates..., 0:2]``) is the iteration of
+    exactly one block loop (an innermost loop: the dK/dV kernel's loop over query heads is around one), and
+    no loop runs over a block outside it."""
     table, coordinates = setting.launch.key_loop
     role = setting.launch.tensors[table]
     memory = z3.Function(f"{table}_value", z3.IntSort(), z3.IntSort())
-    loops = setting.trace.loops
+    loops = [loop for loop in setting.trace.loops if not any(other.outer is loop for other in setting.trace.loops)]
     if not loops:
         yield Proof("coverage: a key loop", TOOL, UNKNOWN, detail="no scf.for in the IR")
         return
@@ -308,11 +326,34 @@ def coverage(setting, limits):
     visits = z3.Sum([z3.If(z3.And(*loop.path, loop.lower <= block, block < loop.upper), 1, 0) for loop in loops])
     wanted = z3.If(z3.And(ends[0] <= block, block < ends[1]), 1, 0)
     where = ", ".join(loop.loc for loop in loops)
-    yield decide(f"coverage: the key loop{'s' if len(loops) > 1 else ''} at {where} visit each block of "
-                 f"{table}[{', '.join(coordinates)}, 0:2] once, no other", [], visits == wanted, setting, limits,
+    outer = {id(o): o for loop in loops for o in _outer_loops(loop)}.values()  # in each of their iterations
+    yield decide(f"coverage: the block loop{'s' if len(loops) > 1 else ''} at {where} visit each block of "
+                 f"{table}[{', '.join(coordinates)}, 0:2] once, no other",
+                 [z3.And(o.lower <= o.iv, o.iv < o.upper, *o.path) for o in outer], visits == wanted, setting, limits,
                  [("block", block), ("visits", visits), ("table start", ends[0]), ("table end", ends[1])]
                  + sum(([(f"loop {k} start", loop.lower), (f"loop {k} end", loop.upper)]
                         for k, loop in enumerate(loops)), []))
+
+
+def heads(setting, limits):
+    """A loop around the block loop (the dK/dV kernel's over the query heads of a group) runs over exactly the
+    range the launch states: each iteration once, none missed."""
+    if setting.launch.outer_loop is None:
+        return
+    lower, upper = setting.launch.outer_loop(setting.sizes)
+    outer = [loop for loop in setting.trace.loops if any(other.outer is loop for other in setting.trace.loops)]
+    if not outer:
+        yield Proof("coverage: a loop around the block loop", TOOL, UNKNOWN, detail="no nested scf.for in the IR")
+    for loop in outer:
+        yield decide(f"coverage: the loop at {loop.loc} runs over [{lower}, {upper}), each once", loop.path,
+                     z3.And(loop.lower == lower, loop.upper == upper), setting, limits,
+                     [("loop start", loop.lower), ("loop end", loop.upper)])
+
+
+def _outer_loops(loop):
+    while loop.outer is not None:
+        loop = loop.outer
+        yield loop
 
 
 def masking(setting, limits):
@@ -464,14 +505,14 @@ def writes(setting, other, limits):
 
 
 def _every_element_written(setting, store, role, limits):
-    """The program and lane the grid assigns to an element (block of its row, lane = row % BLOCK_M) store it."""
+    """The program and lane the grid assigns to an element (block of its row, lane = row % BLOCK) store it."""
     target = [setting.fresh(f"elem{k}") for k in role.dims]
     in_range = [z3.And(0 <= x, x < n) for x, n in zip(target, setting.dims(role))]
-    block_m, _ = setting.launch.block(setting.config)
+    block, size = _tile_block(setting, role, setting.program)
     row = target[role.seq]
-    lane = [row - setting.program["bm"] * block_m] + ([target[role.feature]] if role.feature is not None else [])
+    lane = [row - block * size] + ([target[role.feature]] if role.feature is not None else [])
     witness = [setting.program[name] == target[axis] for axis, name in role.program.items()]
-    witness += [setting.program["bm"] * block_m <= row, row < setting.program["bm"] * block_m + block_m]
+    witness += [block * size <= row, row < block * size + size]
     goal = z3.And(_mask_at(store, tuple(lane)), store.ptr.at(tuple(lane)).offset == setting.layout(role, target))
     return decide(f"writes: every {store.arg} element is stored ({store.loc})", in_range + witness + store.path,
                   goal, setting, limits, [(f"element[{k}]", x) for k, x in enumerate(target)])
@@ -509,7 +550,8 @@ def prove_launch(launch: LaunchDescription, fn=None, limits=Limits(), theorems=T
         runners = {"no-wrap": lambda: no_wrap(setting, limits),
                    "address": lambda: address(setting, limits, addresses),
                    "bounds": lambda: bounds(setting, limits, addresses),
-                   "masking": lambda: masking(setting, limits), "coverage": lambda: coverage(setting, limits),
+                   "masking": lambda: masking(setting, limits),
+                   "coverage": lambda: itertools.chain(coverage(setting, limits), heads(setting, limits)),
                    "writes": lambda: writes(setting, other, limits)}
         for name in THEOREMS:  # address before bounds, which rests on it
             if name in theorems or (name == "address" and "bounds" in theorems):

@@ -27,7 +27,7 @@ fn = load_attr(sys.argv[1]) if sys.argv[1] else None
                                  configs=[described.configs[int(sys.argv[3])]])
 print(json.dumps([[p.status, p.claim, p.detail] for p in proofs]))
 """
-LAUNCHES = {"_attn_fwd": "FORWARD", "_attn_bwd_dq": "BACKWARD_DQ"}  # kernel -> its description in launch.py
+LAUNCHES = {"_attn_fwd": "FORWARD", "_attn_bwd_dq": "BACKWARD_DQ", "_attn_bwd_dkdv": "BACKWARD_DKDV"}  # kernel -> its description in launch.py
 NOT_CAUSAL, BOTTOM_RIGHT, SOFTCAP = 0, 2, 3  # indices into FORWARD.configs (CAUSAL_MODES order, then with softcap)
 
 
@@ -76,6 +76,8 @@ def _visit_last_block_again(loop):
     return loop + "\n" + again
 
 
+DQ, DKDV = "_attn_bwd_dq", "_attn_bwd_dkdv"
+
 # (name, edit, theorem, claim prefix, marker of the line the refutation names (_line_of), config)
 FORWARD_PLANTED = [
     ("finite -1e6 fill", _plant('s = tl.where(allowed, s, float("-inf"))', 's = tl.where(allowed, s, -1e6)',
@@ -110,7 +112,6 @@ FORWARD_PLANTED = [
      "writes", "writes: no two programs or lanes store the same M_PART", ("_attn_fwd", "tl.store(M_PART", 0), NOT_CAUSAL),
 ]
 
-DQ = "_attn_bwd_dq"
 DQ_PLANTED = [
     ("dQ: key loop one block short", _plant("tl.load(kv_range + 1)):", "tl.load(kv_range + 1) - 1):", function=DQ),
      "coverage", "coverage:", (DQ, "for bn in range(", 0), NOT_CAUSAL),
@@ -125,7 +126,25 @@ DQ_PLANTED = [
                                                   "mask=dims[None, :] < head_dim)", function=DQ),
      "address", "address: store of DQ", (DQ, "tl.store(DQ", 0), NOT_CAUSAL),
 ]
-PLANTED = [(*planted, "_attn_fwd") for planted in FORWARD_PLANTED] + [(*planted, DQ) for planted in DQ_PLANTED]
+DKDV_PLANTED = [
+    ("dK/dV: one query head of the group missed", _plant("for g in range(group):", "for g in range(group - 1):",
+                                                          function=DKDV),
+     "coverage", "coverage:", (DKDV, "for g in range(group", 0), NOT_CAUSAL),
+    ("dK/dV: every iteration reads the group's first head", _plant("h = first_head + g", "h = first_head + 0 * g",
+                                                                   function=DKDV),
+     "address", "address: load of Q", ("_load_rows", "return tl.load(", 0), NOT_CAUSAL),
+    ("dK/dV: query loop one block short", _plant("tl.load(q_range + 1)):", "tl.load(q_range + 1) - 1):",
+                                                 function=DKDV),
+     "coverage", "coverage:", (DKDV, "for bm in range(", 0), NOT_CAUSAL),
+    ("dK/dV: K addressed with V's head dim", _plant("K + bhk * seq_k * head_dim,", "K + bhk * seq_k * head_dim_v,",
+                                                    function=DKDV),
+     "address", "address: load of K", ("_load_rows", "return tl.load(", 0), NOT_CAUSAL),
+    ("dK/dV: DK stored past the last key", _plant("mask=in_cols & (dims[None, :] < head_dim))",
+                                                  "mask=dims[None, :] < head_dim)", function=DKDV),
+     "address", "address: store of DK", (DKDV, "tl.store(DK", 0), NOT_CAUSAL),
+]
+PLANTED = [(*planted, "_attn_fwd") for planted in FORWARD_PLANTED] + [(*planted, DQ) for planted in DQ_PLANTED] \
+    + [(*planted, DKDV) for planted in DKDV_PLANTED]
 
 
 @pytest.mark.parametrize("config", range(6), ids=[f"{causal}{softcap}" for softcap in ("", ", softcap")
@@ -142,14 +161,18 @@ def test_shipped_forward_is_proved_for_all_shapes(config):
 
 @pytest.mark.parametrize("config", range(6), ids=[f"{causal}{softcap}" for softcap in ("", ", softcap")
                                                    for causal in ("not causal", "top-left", "bottom-right")])
-def test_shipped_dq_is_proved_for_all_shapes(config):
-    """The dQ kernel, each shipped configuration: the forward's theorems over Q, DO, LSE, DELTA, K, V and the DQ
-    store; masking at the exp that weighs the scores by the saved lse (the backward has no row max)."""
-    proofs = _prove("no-wrap,address,bounds,masking,coverage,writes", config=config, function=DQ)
-    assert len(proofs) == (79 if config >= SOFTCAP else 77) and all(status == "proved" for status, _, _ in proofs), \
+@pytest.mark.parametrize("function, count, table", [(DQ, 77, "KV_RANGES[b, bm, 0:2]"),
+                                                     (DKDV, 89, "Q_RANGES[b, bn, 0:2]")])
+def test_shipped_backward_is_proved_for_all_shapes(config, function, count, table):
+    """The dQ and dK/dV kernels, each shipped configuration: the forward's theorems over Q, DO, LSE, DELTA, K, V and
+    the stores; masking at the exp that weighs the scores by the saved lse (the backward has no row max); dK/dV's
+    loop over the query heads of its group runs over exactly [0, G)."""
+    proofs = _prove("no-wrap,address,bounds,masking,coverage,writes", config=config, function=function)
+    assert len(proofs) == count + 2 * (config >= SOFTCAP) and all(status == "proved" for status, _, _ in proofs), \
         [p for p in proofs if p[0] != "proved"]
     assert any(claim.startswith("masking: scores weighed by the exp") for _, claim, _ in proofs)
-    assert any(claim.startswith("coverage: the key loop") and "KV_RANGES[b, bm, 0:2]" in claim for _, claim, _ in proofs)
+    assert any(claim.startswith("coverage: the block loop") and table in claim for _, claim, _ in proofs)
+    assert (function == DKDV) == any("runs over [0, G)" in claim for _, claim, _ in proofs)
 
 
 @pytest.mark.parametrize("name, edit, theorem, prefix, marker, config, function", PLANTED,

@@ -1,11 +1,13 @@
 """``python -m attnformal.prove --triton FILE.py:KERNEL`` (or ``MODULE:ATTR``; repeated for several): the TTIR
-theorems, one line each."""
+theorems, one line each; each refutation's smallest launch is written as a battery case that replays on the
+kernel's own entry point (``verify --impl FILE.py:attention --replay CASE``)."""
 
 from __future__ import annotations
 
 import sys
 
-from attnformal.logic import PROVED, RLIMIT_UNIT
+from attnformal.logic import PROVED, REFUTED, RLIMIT_UNIT
+from attnformal.tiling import ReproFolders
 from attnformal.ttir.launch import LAUNCHES
 from attnformal.ttir.theorems import Limits, load_attr, prove_launch
 
@@ -21,7 +23,12 @@ def launch_for(target: str):
     return matches[0]
 
 
-def prove_triton(target: str, limits: Limits = Limits(), out=sys.stdout) -> int:
+REPRO_DIR = "verify-repro"  # where the battery writes its reproducers too
+MAX_REPLAY_SCORES = 2 ** 22  # a refutation's shape larger than this is not written as a case
+
+
+def prove_triton(target: str, limits: Limits = Limits(), out=sys.stdout, repro_dir=REPRO_DIR, configs=None) -> int:
+    """Every theorem on every configuration of the kernel's launch (or ``configs``); 0 iff all are proved."""
     try:
         launch = launch_for(target)
         fn = load_attr(target)
@@ -29,15 +36,47 @@ def prove_triton(target: str, limits: Limits = Limits(), out=sys.stdout) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     ok = True
+    folders = None if repro_dir is None else ReproFolders(repro_dir)
     print(f"kernel {target}", file=out)
-    for config, proofs in prove_launch(launch, fn=fn, limits=limits):
+    for config, proofs in prove_launch(launch, fn=fn, limits=limits, configs=configs):
         print(f"config {_named(config)}", file=out)
-        for proof in proofs:
+        for number, proof in enumerate(proofs):
             ok &= proof.status == PROVED
             extra = proof.detail or (proof.countermodel or "")
             print(f"  {proof.status:8} {proof.rlimit / RLIMIT_UNIT:7.1f} M units {proof.seconds:6.1f} s  {proof.claim}  {extra}",
                   file=out)
+            if proof.status == REFUTED and proof.countermodel and folders is not None and launch.entry:
+                print(f"           replay: {refutation_case(proof, launch, config, target, folders, number)}", file=out)
     return 0 if ok else 1
+
+
+def refutation_case(proof, launch, config, target: str, folders, number: int = 0, seed: int = 0) -> str:
+    """The battery case of a refutation's launch (its lengths, head counts and dims; the configuration's causal
+    mode and softcap), written for the module's entry point; the replay command, or why there is none."""
+    import torch
+
+    from attnformal.masks import CAUSAL_MODES
+    from attnformal.verify.cases import random_case, shape
+    from attnformal.verify.replay import write_reproducer
+
+    sizes = {name: int(value) for name, value in (proof.countermodel or {}).items() if name in launch.sizes}
+    needed = ("B", "Hq", "Hkv", "Sq", "Sk", "D", "Dv")
+    if any(name not in sizes for name in needed):
+        return "no case: the refutation shows no complete launch"
+    b, hq, hkv, sq, sk, d, dv = (sizes[name] for name in needed)
+    if b * hq * max(sq * sk, sq * d, sk * d) > MAX_REPLAY_SCORES:
+        return f"no case: the launch is too large to replay ({b}x{hq}x{sq}x{sk} scores)"
+    where, _, kernel = target.rpartition(":")
+    impl = f"{where}:{launch.entry}"
+    kwargs = {"causal": CAUSAL_MODES[config["CAUSAL"]], "softcap": 4.0 if config.get("HAS_SOFTCAP") else None}
+    case = random_case(f"ttir-{kernel}", shape(batch=b, heads_q=hq, heads_kv=hkv, len_q=sq, len_k=sk, head_dim=d,
+                                               head_dim_v=dv), torch.float32, "cpu", seed, grad=launch.backward,
+                       **kwargs)
+    theorem = proof.claim.split(":")[0].replace(" ", "-")
+    path = folders.folder(impl) / f"ttir-{kernel}-{theorem}-{number}.pt"
+    write_reproducer(path, case, impl=impl, check=f"ttir:{theorem}", lse=True, backward=launch.backward)
+    note = f" (at num_splits 1, not the refutation's {sizes['S']})" if sizes.get("S", 1) != 1 else ""
+    return f"python -m attnformal.verify --impl {impl} --replay {path}{note}"
 
 
 def _named(config: dict) -> str:

@@ -62,6 +62,8 @@ class LaunchDescription:
     in_loop: Callable = lambda sizes, config, program, loop: {"bn": loop.iv}  # (sizes, config, program, the
     # innermost loop around an access) -> the coordinates an iteration stands for (default: key block bn)
     outer_loop: Callable | None = None  # sizes -> (lower, upper): the range a loop around the block loop must run
+    entry: str = ""  # the protocol entry point in the kernel's module that launches it: a refutation's case replays there
+    backward: bool = False  # the entry point launches it for gradients (a replay compares them too)
 
 
 def _cdiv(a, b):
@@ -167,6 +169,7 @@ _FWD_BASE = dict(HAS_ATTN_MASK=False, HAS_KEEP=False, HAS_SOFTCAP=False, HAS_BIA
 
 FORWARD = LaunchDescription(
     kernel="attnformal.kernels.triton_flash:_attn_fwd",
+    entry="attention", backward=False,
     sizes=("B", "Hq", "G", "Hkv", "Sq", "Sk", "D", "Dv", "S", "nM", "nN"),
     arguments=dict(batch="B", heads_q="Hq", group="G", seq_q="Sq", seq_k="Sk", head_dim="D", head_dim_v="Dv",
                    num_q_blocks="nM", num_kv_blocks="nN", num_splits="S"),
@@ -216,6 +219,7 @@ def _dq_table_indices(program, iv):
 # key loop without split parts, over the host's kv_ranges (obligation 12: the schedule's kv_range).
 BACKWARD_DQ = LaunchDescription(
     kernel="attnformal.kernels.triton_flash:_attn_bwd_dq",
+    entry="attention", backward=True,
     sizes=("B", "Hq", "G", "Hkv", "Sq", "Sk", "D", "Dv", "nM", "nN"),
     arguments=dict(batch="B", heads_q="Hq", group="G", seq_q="Sq", seq_k="Sk", head_dim="D", head_dim_v="Dv",
                    num_q_blocks="nM", num_kv_blocks="nN"),
@@ -279,6 +283,7 @@ def _key_rows(feature, output=False):
 # of its group around a loop over the host's q_ranges, the query blocks whose tile with it is not SKIP.
 BACKWARD_DKDV = LaunchDescription(
     kernel="attnformal.kernels.triton_flash:_attn_bwd_dkdv",
+    entry="attention", backward=True,
     sizes=BACKWARD_DQ.sizes, arguments=BACKWARD_DQ.arguments,
     tensors=dict(
         Q=_query_rows("D"), DO=_query_rows("Dv"), LSE=_query_rows(), DELTA=_query_rows(),

@@ -1,0 +1,56 @@
+"""A TTIR refutation becomes a battery case that replays on the kernel's own entry point and fails there.
+
+The planted bug (every batch element reads batch 0's queries, the Triton tutorial's defect) is refuted by the
+address theorem with a two-batch launch; the case written for it replays under the Triton interpreter and the
+battery names the cause. Control: the same case on the shipped kernel passes, so the failure is the bug's.
+"""
+
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton")
+
+SOURCE = pathlib.Path(__file__).parents[2] / "kernels" / "triton_flash.py"
+CHILD = """
+import sys
+from attnformal.ttir.cli import prove_triton
+from attnformal.ttir.launch import FORWARD
+sys.exit(prove_triton(sys.argv[1], repro_dir=sys.argv[2], configs=FORWARD.configs[:1]))
+"""
+BATCH_ZERO = ("q = _load_rows(Q + bh * seq_q * head_dim, rows, dims, seq_q, head_dim)",
+              "q = _load_rows(Q + (bh % heads_q) * seq_q * head_dim, rows, dims, seq_q, head_dim)")
+
+
+def _run(command, cwd, interpreted):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update({"TRITON_INTERPRET": "1"} if interpreted else {"TRITON_DEFAULT_FP_FUSION": "1"})
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=env)
+
+
+def test_a_refutation_replays_as_a_failing_battery_case(tmp_path):
+    text = SOURCE.read_text()
+    assert text.count(BATCH_ZERO[0]) == 2  # the forward's and _load_query_rows'
+    (tmp_path / "planted_flash.py").write_text(text.replace(*BATCH_ZERO))
+    proved = _run([sys.executable, "-c", CHILD, "planted_flash.py:_attn_fwd", "repro"], tmp_path, interpreted=False)
+    assert proved.returncode == 1, proved.stdout + proved.stderr
+    refuted = [line for line in proved.stdout.splitlines() if line.strip().startswith("refuted")]
+    assert any("address: load of Q" in line and "'B': '2'" in line for line in refuted), proved.stdout
+    replays = re.findall(r"replay: (python -m attnformal\.verify --impl \S+ --replay \S+)", proved.stdout)
+    assert len(replays) == 1, proved.stdout  # one refutation with a launch; the bounds theorem rests on it
+    command = [sys.executable, *replays[0].split()[1:]]
+    assert command[command.index("--impl") + 1] == "planted_flash.py:attention"
+
+    replayed = _run(command, tmp_path, interpreted=True)
+    assert replayed.returncode == 1 and "result: FAIL" in replayed.stdout, replayed.stdout + replayed.stderr
+    assert "B=2" in replayed.stdout and "[batch_indexing]" in replayed.stdout, replayed.stdout
+
+    shutil.copy(SOURCE, tmp_path / "shipped_flash.py")  # control: the shipped kernel on the same case
+    command[command.index("--impl") + 1] = "shipped_flash.py:attention"
+    control = _run(command, tmp_path, interpreted=True)
+    assert control.returncode == 0 and "result: pass" in control.stdout, control.stdout + control.stderr

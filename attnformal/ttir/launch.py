@@ -62,7 +62,7 @@ class LaunchDescription:
     in_loop: Callable = lambda sizes, config, program, loop: {"bn": loop.iv}  # (sizes, config, program, the
     # innermost loop around an access) -> the coordinates an iteration stands for (default: key block bn)
     outer_loop: Callable | None = None  # sizes -> (lower, upper): the range a loop around the block loop must run
-    entry: str = ""  # the protocol entry point in the kernel's module that launches it: a refutation's case replays there
+    entry: str = ""  # the module's protocol entry point that launches the kernel: a refutation's case replays there
     backward: bool = False  # the entry point launches it for gradients (a replay compares them too)
 
 
@@ -128,13 +128,25 @@ def _classes(index, value, s, config, context):
     return z3.And(facts)
 
 
-def _fwd_table_indices(program, iv):
-    """The program's split range (both ends) and, in the key loop, the class of tile ``(bm, iv)``."""
-    b, bm = program["b"], program["bm"]
-    at = {"KV_SPLITS": [(b, bm, program["split"], 0), (b, bm, program["split"], 1)]}
-    if iv is not None:
-        at["CLASSES"] = [(b, bm, iv)]
+def _reads(table, coordinates, tile):
+    """The table entries a program reads: both ends of its range ``table[coordinates..., 0:2]`` and, in the loop,
+    the class of its tile (``tile(program, iv)``: ``(b, bm, bn)``)."""
+    def at(program, iv):
+        index = tuple(program[name] for name in coordinates)
+        entries = {table: [(*index, 0), (*index, 1)]}
+        if iv is not None:
+            entries["CLASSES"] = [tile(program, iv)]
+        return entries
     return at
+
+
+def _key_tile(program, iv):
+    return program["b"], program["bm"], iv
+
+
+def _pointers(*tables):
+    """Pointer types other than the default fp32: the int32 tables, the int8 data masks."""
+    return {name: "*i32" for name in ("ROW_LO", "ROW_HI", "CLASSES", *tables)} | {"ATTN_MASK": "*i8", "KEEP": "*i8"}
 
 
 def _splits(index, value, s, config, context):
@@ -184,9 +196,7 @@ FORWARD = LaunchDescription(
              for mode in range(len(CAUSAL_MODES))],
     grid=_fwd_grid, program=_fwd_program, constraints=_fwd_constraints, preconditions=_fwd_preconditions,
     geometry=_geometry, key_loop=("KV_SPLITS", ("b", "bm", "split")), block=_blocks,
-    pointer_types={name: "*i32" for name in ("ROW_LO", "ROW_HI", "CLASSES", "KV_SPLITS")}
-    | {"ATTN_MASK": "*i8", "KEEP": "*i8"},
-    table_indices=_fwd_table_indices,
+    pointer_types=_pointers("KV_SPLITS"), table_indices=_reads("KV_SPLITS", ("b", "bm", "split"), _key_tile),
 )
 
 
@@ -206,15 +216,6 @@ def _dq_constraints(s, config):
     return _fwd_constraints(dict(s, S=z3.IntVal(1)), config)
 
 
-def _dq_table_indices(program, iv):
-    """The program's key range (both ends) and, in the key loop, the class of tile ``(bm, iv)``."""
-    b, bm = program["b"], program["bm"]
-    at = {"KV_RANGES": [(b, bm, 0), (b, bm, 1)]}
-    if iv is not None:
-        at["CLASSES"] = [(b, bm, iv)]
-    return at
-
-
 # dQ of one query block of one query head (FlashAttention-2's second backward kernel): the forward's
 # key loop without split parts, over the host's kv_ranges (obligation 12: the schedule's kv_range).
 BACKWARD_DQ = LaunchDescription(
@@ -231,11 +232,8 @@ BACKWARD_DQ = LaunchDescription(
     configs=FORWARD.configs,
     grid=_dq_grid, program=_dq_program, constraints=_dq_constraints, preconditions=_fwd_preconditions,
     geometry=_geometry, key_loop=("KV_RANGES", ("b", "bm")), block=_blocks,
-    pointer_types={name: "*i32" for name in ("ROW_LO", "ROW_HI", "CLASSES", "KV_RANGES")}
-    | {"ATTN_MASK": "*i8", "KEEP": "*i8"},
-    table_indices=_dq_table_indices,
+    pointer_types=_pointers("KV_RANGES"), table_indices=_reads("KV_RANGES", ("b", "bm"), _key_tile),
 )
-
 
 
 def _dkdv_grid(s, config):
@@ -258,15 +256,6 @@ def _dkdv_in_loop(s, config, program, loop):
 
 def _dkdv_constraints(s, config):
     return _dq_constraints(s, config) + [s["B"] * s["nN"] * 2 <= MAX_ELEMENTS]  # Q_RANGES fits
-
-
-def _dkdv_table_indices(program, iv):
-    """The key block's range of query blocks (both ends) and, in the loop over them, the class of tile ``(iv, bn)``."""
-    b, bn = program["b"], program["bn"]
-    at = {"Q_RANGES": [(b, bn, 0), (b, bn, 1)]}
-    if iv is not None:
-        at["CLASSES"] = [(b, iv, bn)]
-    return at
 
 
 def _query_blocks(index, value, s, config, context):
@@ -293,9 +282,8 @@ BACKWARD_DKDV = LaunchDescription(
     configs=FORWARD.configs,
     grid=_dkdv_grid, program=_dkdv_program, constraints=_dkdv_constraints, preconditions=_fwd_preconditions,
     geometry=_geometry, key_loop=("Q_RANGES", ("b", "bn")), block=_blocks,
-    pointer_types={name: "*i32" for name in ("ROW_LO", "ROW_HI", "CLASSES", "Q_RANGES")}
-    | {"ATTN_MASK": "*i8", "KEEP": "*i8"},
-    table_indices=_dkdv_table_indices, in_loop=_dkdv_in_loop, outer_loop=lambda s: (0, s["G"]),
+    pointer_types=_pointers("Q_RANGES"), in_loop=_dkdv_in_loop, outer_loop=lambda s: (0, s["G"]),
+    table_indices=_reads("Q_RANGES", ("b", "bn"), lambda program, iv: (program["b"], iv, program["bn"])),
 )
 
 LAUNCHES = {launch.kernel: launch for launch in (FORWARD, BACKWARD_DQ, BACKWARD_DKDV)}

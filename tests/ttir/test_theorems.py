@@ -27,7 +27,8 @@ fn = load_attr(sys.argv[1]) if sys.argv[1] else None
                                  configs=[described.configs[int(sys.argv[3])]])
 print(json.dumps([[p.status, p.claim, p.detail] for p in proofs]))
 """
-LAUNCHES = {"_attn_fwd": "FORWARD", "_attn_bwd_dq": "BACKWARD_DQ", "_attn_bwd_dkdv": "BACKWARD_DKDV"}  # kernel -> its description in launch.py
+# kernel -> its description in attnformal/ttir/launch.py
+LAUNCHES = {"_attn_fwd": "FORWARD", "_attn_bwd_dq": "BACKWARD_DQ", "_attn_bwd_dkdv": "BACKWARD_DKDV"}
 NOT_CAUSAL, BOTTOM_RIGHT, SOFTCAP = 0, 2, 3  # indices into FORWARD.configs (CAUSAL_MODES order, then with softcap)
 
 

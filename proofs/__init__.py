@@ -24,12 +24,14 @@ OBLIGATIONS = (merge_correctness, monoid, loop_invariant, masked_rows, tile_clas
 TRUSTED = (
     "The Triton kernels' in-kernel copies of the spec -- `_merge`, `_finite_shift`, "
     "`_kv_head_of`, `_first_query_head` in kernels/triton_flash.py -- are tested against the spec on every "
-    "(i, j) of many shapes (tests/kernels/test_triton_flash.py), not proved (their mask is the spec's key "
-    "interval, handed over as row tables: obligation 12 (c)); so are the Triton kernels' own loops (the torch "
-    "and ring kernels' fold is `kernels.split_kv.fold_row`, obligations 11 (e) and 17), and every kernel's "
-    "accumulations (tested against the float64 oracle). The three Triton kernels' integer arithmetic, "
-    "addresses, bounds, masking, block coverage and writes are proved from their compiled TTIR by `make "
-    "prove-triton` (docs/ttir.md), a target of its own; every other kernel's loads and offsets are tested.",
+    "(i, j) of many shapes (tests/kernels/test_triton_flash.py) and proved only through `make prove-triton` "
+    "(docs/ttir.md), a target of its own: from the three kernels' compiled TTIR, their integer arithmetic, "
+    "addresses (so the head maps), bounds, masking (the spec's key interval, handed over as row tables: "
+    "obligation 12 (c)), block coverage and writes, and the forward's key loop "
+    "as the spec's merge op for op in IEEE float32 (exp uninterpreted). The backward's sums and every "
+    "kernel's accumulation error are tested against the float64 oracle; the torch and ring kernels' fold "
+    "is `kernels.split_kv.fold_row` (obligations 11 (e) and 17); every other kernel's loads and offsets "
+    "are tested.",
     "Rounding: the IEEE lemmas model each float operation rounded to nearest-even on its own -- no fused "
     "multiply-add contraction, no flush-to-zero or denormals-are-zero of arithmetic results; exp and log "
     "are faithfully rounded (exp may return +0 for tiny results: no axiom rules that out); accumulators "

@@ -59,6 +59,19 @@ class Tensor:
     kind: Kind
     at: Callable[[tuple], Any]  # element at a lane (a tuple of Z3 Ints, one per dimension)
 
+    def __post_init__(self):
+        """``at`` memoised by the lane's terms (Z3 shares equal terms): an element asked twice, as
+        ``arith.remsi`` asks its operands and concrete evaluation asks each element of a tile, is built
+        once. The lanes are kept with their elements so that their term ids stay theirs."""
+        build, built = self.at, {}
+
+        def at(lane):
+            key = tuple(x.get_id() for x in lane)
+            if key not in built:
+                built[key] = lane, build(lane)
+            return built[key][1]
+        self.at = at
+
 
 @dataclass
 class Loop:
@@ -68,6 +81,7 @@ class Loop:
     loc: str
     path: list
     outer: Loop | None = None  # the scf.for around this one
+    carried: list = field(default_factory=list)  # (initial, in-body placeholder, yielded) Tensor per iter_arg
 
 
 @dataclass
@@ -78,7 +92,7 @@ class Access:
     mask: Tensor | None
     loc: str
     path: list  # Z3 Bools under which the access executes (enclosing if/for conditions)
-    value: Tensor | None = None
+    value: Tensor | None = None  # what a store writes, what a load returns
     loop: Loop | None = None  # the innermost scf.for around it
 
 
@@ -106,6 +120,7 @@ class Trace:
     definitions: list = field(default_factory=list)  # Z3 facts defining fresh symbols (div, rem)
     reductions: list = field(default_factory=list)  # (combiners, input Tensor, loc, innermost Loop or None)
     exponentials: list = field(default_factory=list)  # (input Tensor, loc, innermost Loop or None) of exp, exp2
+    comparisons: dict = field(default_factory=dict)  # cmpf's per-lane Bool function name -> (predicate, a, b)
 
 
 # ------------------------------------------------------------------------ types
@@ -497,7 +512,8 @@ def _load(interp, op, env, path):
             return loaded
         return z3.If(mask.at(lane), loaded, other.at(lane) if other else z3.IntVal(0))
     interp.trace.accesses.append(access)
-    return [Tensor(shape, kind, at)]
+    access.value = Tensor(shape, kind, at)
+    return [access.value]
 
 
 def _pointee_kind(op):
@@ -515,11 +531,20 @@ def _store(interp, op, env, path):
     return []
 
 
+class OpNode(tuple):
+    """A float op's value tree ``("op", name, *operands)`` that also knows its source line (``.loc``)."""
+
+
 def _float_op(arity):
     def handler(interp, op, env, path):
         args = [env[n] for n in _operands(op.body)[:arity]]
         shape, kind = _result_type(op)
-        return [Tensor(shape, kind, lambda lane: ("op", op.name, *[a.at(lane) for a in args]))]
+
+        def at(lane):
+            node = OpNode(("op", op.name, *[a.at(lane) for a in args]))
+            node.loc = op.loc
+            return node
+        return [Tensor(shape, kind, at)]
     return handler
 
 
@@ -540,10 +565,15 @@ def _exponential(interp, op, env, path):
 
 @handles("arith.cmpf")
 def _compare_float(interp, op, env, path):
+    """An unconstrained Bool per lane for the integer theorems (an over-approximation); the merge theorem
+    reads it as the IEEE comparison it records (``trace.comparisons``)."""
     predicate = op.body.split(",")[0].strip()
     a, b = (env[n] for n in _operands(op.body)[:2])
     shape, _ = parse_type(_types(op))
-    return [Tensor(shape, Kind("bool", 1), lambda lane: z3.Bool(f"{interp.prefix}cmpf_{predicate}_{id(a)}_{id(b)}"))]
+    name = f"{interp.prefix}cmpf_{predicate}_{len(interp.trace.comparisons)}"
+    interp.trace.comparisons[name] = (predicate, a, b)
+    compare = z3.Function(name, *[z3.IntSort()] * len(shape), z3.BoolSort())
+    return [Tensor(shape, Kind("bool", 1), lambda lane: compare(*lane))]
 
 
 @handles("tt.dot")
@@ -592,11 +622,12 @@ def _for(interp, op, env, path):
         initial = env[init]
         if initial.kind.name != "float":
             raise Unsupported("scf.for carrying an integer or pointer value", op.loc)
-        body_env[name] = Tensor(initial.shape, initial.kind, lambda lane, n=name: ("opaque", n))
+        body_env[name] = Tensor(initial.shape, initial.kind, lambda lane, n=name: ("opaque", n, lane))
     interp.loops.append(loop)
-    interp.block(op.regions[0].ops, body_env, inside)
+    yielded = interp.block(op.regions[0].ops, body_env, inside)
     interp.loops.pop()
-    return [Tensor(env[init].shape, env[init].kind, lambda lane, n=result: ("opaque", n))
+    loop.carried = [(env[init], body_env[name], out) for (name, init), out in zip(carried, yielded)]
+    return [Tensor(env[init].shape, env[init].kind, lambda lane, n=result: ("opaque", n, lane))
             for (_, init), result in zip(carried, op.results)]
 
 

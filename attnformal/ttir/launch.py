@@ -64,6 +64,8 @@ class LaunchDescription:
     outer_loop: Callable | None = None  # sizes -> (lower, upper): the range a loop around the block loop must run
     entry: str = ""  # the module's protocol entry point that launches the kernel: a refutation's case replays there
     backward: bool = False  # the entry point launches it for gradients (a replay compares them too)
+    carried: tuple[str, ...] = ()  # the key loop's carried values in order, ("m", "l", "acc"): the merge theorem
+    values: str = "V"  # the tensor whose tile the state's acc weighs (block_state's v)
 
 
 def _cdiv(a, b):
@@ -197,6 +199,7 @@ FORWARD = LaunchDescription(
     grid=_fwd_grid, program=_fwd_program, constraints=_fwd_constraints, preconditions=_fwd_preconditions,
     geometry=_geometry, key_loop=("KV_SPLITS", ("b", "bm", "split")), block=_blocks,
     pointer_types=_pointers("KV_SPLITS"), table_indices=_reads("KV_SPLITS", ("b", "bm", "split"), _key_tile),
+    carried=("m", "l", "acc"),
 )
 
 

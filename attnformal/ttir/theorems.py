@@ -18,6 +18,8 @@ launch description's facts (lengths, grid, table contents) and the stated precon
   obligation 5 the visited blocks all that hold allowed keys), and a loop around it (dK/dV's over the
   query heads of a group) over exactly the range the launch states;
 * **writes** -- every element of every output is written by exactly one program and lane.
+* **merge** -- the key loop carrying the launch's softmax state starts from merge's unit and each
+  iteration yields the spec's ``merge(state, block_state(s, v))``, op for op in the IR's IEEE arithmetic.
 
 An IR the interpreter cannot model gives one *unknown* naming the op and line.
 """
@@ -34,6 +36,9 @@ import z3
 
 from attnformal.logic import (DEFAULT_WALL_S, PROVED, REFUTED, RLIMIT_UNIT, UNKNOWN, VACUOUS, Budget, Proof,
                               TermIndex)
+from attnformal.merge import SoftmaxState, block_state
+from attnformal.merge import merge as spec_merge
+from attnformal.ttir import folding
 from attnformal.ttir.interpret import Tensor, Unsupported, interpret
 from attnformal.ttir.launch import LaunchDescription, TensorRole
 from attnformal.ttir.lower import lower
@@ -484,6 +489,124 @@ def _tile_row(setting, element):
     return index[role.seq]
 
 
+def merge(setting, limits):
+    """The loop carrying the launch's state starts from merge's unit and folds each tile with the spec's
+    ``merge(state, block_state(s, v))``, op for op in the IR's IEEE arithmetic (:mod:`attnformal.ttir.folding`);
+    ``s``: the scores reaching the loop's row max, ``v``: its load of the launch's value tensor."""
+    names = setting.launch.carried
+    if not names:
+        return
+    loops = [loop for loop in setting.trace.loops if len(loop.carried) == len(names) and _row_max(setting, loop)]
+    if len(loops) != 1:
+        yield Proof(f"merge: a key loop carrying ({', '.join(names)})", TOOL, UNKNOWN,
+                    detail=f"{len(loops)} loops carry {len(names)} values and take a row max")
+        return
+    loop, = loops
+    maxima = _row_max(setting, loop)
+    values = [a for a in setting.trace.accesses
+              if a.op == "load" and a.arg == setting.launch.values and a.loop is loop]
+    if len(values) != 1 or len(maxima) != 1:
+        yield Proof(f"merge: the loop at {loop.loc}", TOOL, UNKNOWN,
+                    detail=f"{len(values)} loads of {setting.launch.values} and {len(maxima)} row maxima in it")
+        return
+    (scores, max_at), = maxima
+    ieee = folding.IEEE(setting.trace, loop.carried[0][0].kind.width)
+    inside = [z3.And(loop.lower <= loop.iv, loop.iv < loop.upper), *loop.path]
+    units = [-math.inf, 0.0, 0.0]
+    probe = tuple(z3.IntVal(0) for _ in loop.carried[0][1].shape)
+    floats = [a for a in setting.trace.accesses if a.op == "load" and a.loop is loop and a.value.kind.name == "float"]
+    search = (loop, floats, {placeholder.at(probe[:len(placeholder.shape)])[1]: unit
+                             for (_, placeholder, _), unit in zip(loop.carried, units)})
+    yield _decide_lanes(f"merge: the loop at {loop.loc} starts from merge's unit ({', '.join(names)}) = (-inf, 0, 0)",
+                        [initial for initial, _, _ in loop.carried], units, ieee, loop.path, setting, limits, search,
+                        where=f"the values entering the loop at {loop.loc}")
+    state = SoftmaxState(*(folding.TreeTile.rows(placeholder) for _, placeholder, _ in loop.carried))
+    want = spec_merge(state, block_state(folding.TreeTile.rows(scores), folding.TreeTile.rows(values[0].value)))
+    for name, (_, _, yielded), expected in zip(names, loop.carried, want):
+        yield _decide_lanes(f"merge: {name} after an iteration of the loop at {loop.loc} is merge(state, "
+                            f"block_state(s, v)).{name}, op for op (s: the scores reaching the row max at {max_at}, "
+                            f"v: the {setting.launch.values} load at {values[0].loc})",
+                            [yielded], [expected], ieee, inside, setting, limits, search)
+
+
+def _row_max(setting, loop):
+    return [(source, loc) for combiners, source, loc, at in setting.trace.reductions
+            if at is loop and combiners and all("max" in c for c in combiners) and len(source.shape) == 2]
+
+
+def _decide_lanes(claim, tensors, expected, ieee, hypotheses, setting, limits, search, where="the loop"):
+    """Every lane of each tensor equals the expected value (a constant, or a spec tile: ``[n, 1]`` for a row
+    vector), as IEEE terms. Trees equal node for node are left to Z3 (it proves them at once); trees that
+    differ are first evaluated at the valuations ``search = (loop, loads, unit)`` names
+    (:class:`folding.Concrete`): different bits there are a countermodel, which bit-blasting float32 would
+    take minutes to find."""
+    goals, ranges, shown, trees, lanes = [], [], [], [], []
+    try:
+        for k, (tensor, want) in enumerate(zip(tensors, expected)):
+            lane, in_range = setting.lane(tensor.shape, f"{k}_")
+            spec = ("const", want) if isinstance(want, float) else \
+                want.at(lane + (z3.IntVal(0),) * (len(want.shape) - len(lane)))
+            trees.append((tensor.at(lane), spec))
+            goals.append(ieee.value(trees[-1][0]) == ieee.value(spec))
+            ranges += in_range
+            lanes += lane
+            shown += _lane_shown(lane, f"lane{k}")
+    except Unsupported as why:
+        return Proof(claim, TOOL, UNKNOWN, detail=str(why))
+    context = _table_context(setting, search[0])
+    found = next(filter(None, (folding.first_difference(*pair, setting.trace.comparisons, where)
+                               for pair in trees)), None)
+    if found is None:
+        return decide(claim, ranges + hypotheses, z3.And(goals), setting, limits, shown, context=context)
+    loc, kernel, spec = found
+    difference = f"first difference at {loc}: the kernel computes {folding.render(kernel)} where the spec " \
+                 f"computes {folding.render(spec)}"
+    start = time.perf_counter()
+    witness = _witness(setting, ranges + hypotheses, z3.And(goals), trees, lanes, ieee, search, limits)
+    if witness is not None:
+        values, model = witness
+        countermodel = {name: str(model.eval(term, model_completion=True)) for name, term in _shown(setting, shown)}
+        return Proof(claim, TOOL, REFUTED, countermodel={**countermodel, **values}, detail=difference,
+                     **_spent(setting, start, limits.budget()))
+    proof = decide(claim, ranges + hypotheses, z3.And(goals), setting, limits, shown, context=context)
+    return proof if proof.status == PROVED else proof.but(detail=f"{difference}; {proof.detail}")
+
+
+WITNESS_LENGTHS = (8, 4096)  # the integer valuation a witness prefers: every length in this range, lane 0
+
+
+def _witness(setting, hypotheses, goal, trees, lanes, ieee, search, limits):
+    """``({valuation, kernel, spec}, integer model)`` where the trees evaluate to different bits, or None. The
+    integers come first from a launch whose every length lies in WITNESS_LENGTHS at lane 0 (so the lane's row
+    and the tile's first keys exist: a degenerate launch of masked rows hides most differences), else from the
+    smallest launch."""
+    loop, loads, unit = search
+    query = setting.facts + list(hypotheses)
+    query += setting.table_facts(query + [goal], _table_context(setting, loop))
+    low, high = WITNESS_LENGTHS
+    preferred = [low <= n for n in setting.sizes.values()] + [n <= high for n in setting.sizes.values()]
+    for model in (_model(query + preferred + [x == 0 for x in lanes], limits),
+                  _small_counterexample(query, setting, limits.budget())):
+        if model is None:
+            continue
+        elements = {}
+        for description, fill in folding.fills(loads, unit):
+            concrete = folding.Concrete(model, setting.trace.comparisons, fill, ieee.sort.ebits() + ieee.sort.sbits(),
+                                        elements)
+            for kernel, spec in trees:
+                got, want = concrete.value(kernel), concrete.value(spec)
+                if not concrete.same(got, want):
+                    return {"valuation": description, "kernel": repr(got), "spec": repr(want)}, model
+    return None
+
+
+def _model(query, limits):
+    solver = z3.Solver()
+    solver.add(*query)
+    verdict, _ = limits.budget().check(solver, share=0.25)
+    return solver.model() if verdict == z3.sat else None
+
+
 def writes(setting, other, limits):
     """Two programs (``setting`` and ``other``, a second run), each output element: written by one lane of one."""
     stores = [(a, b) for a, b in zip(setting.trace.accesses, other.trace.accesses)
@@ -531,7 +654,7 @@ class _Joint:
 
 # ------------------------------------------------------------------------ driver
 
-THEOREMS = ("no-wrap", "address", "bounds", "masking", "coverage", "writes")
+THEOREMS = ("no-wrap", "address", "bounds", "masking", "coverage", "writes", "merge")
 
 
 def prove_launch(launch: LaunchDescription, fn=None, limits=Limits(), theorems=THEOREMS, configs=None):
@@ -552,7 +675,8 @@ def prove_launch(launch: LaunchDescription, fn=None, limits=Limits(), theorems=T
                    "bounds": lambda: bounds(setting, limits, addresses),
                    "masking": lambda: masking(setting, limits),
                    "coverage": lambda: itertools.chain(coverage(setting, limits), heads(setting, limits)),
-                   "writes": lambda: writes(setting, other, limits)}
+                   "writes": lambda: writes(setting, other, limits),
+                   "merge": lambda: merge(setting, limits)}
         for name in THEOREMS:  # address before bounds, which rests on it
             if name in theorems or (name == "address" and "bounds" in theorems):
                 proofs += list(runners[name]())

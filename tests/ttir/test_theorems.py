@@ -111,6 +111,18 @@ FORWARD_PLANTED = [
     ("lse (row max) stored under the wrong mask", _plant("tl.store(M_PART + state_rows, m_i, mask=in_rows)",
                                                          "tl.store(M_PART + state_rows, m_i, mask=rows < seq_k)"),
      "writes", "writes: no two programs or lanes store the same M_PART", ("_attn_fwd", "tl.store(M_PART", 0), NOT_CAUSAL),
+    # the merge theorem names the first line where the kernel's (m, l, acc) tree departs from the spec's
+    ("l not rescaled by alpha", _plant("return m, alpha * l_a +", "return m, l_a +", anywhere=True),
+     "merge", "merge: l after an iteration", ("_merge", "return m, ", 0), NOT_CAUSAL),
+    ("acc weights swapped", _plant("alpha[:, None] * acc_a + beta[:, None] * acc_b",
+                                   "beta[:, None] * acc_a + alpha[:, None] * acc_b", anywhere=True),
+     "merge", "merge: acc after an iteration", ("_merge", "beta = tl.exp(", 0), NOT_CAUSAL),
+    ("exp without the empty-row shift guard", _plant("tl.exp(s - _finite_shift(m_ij)[:, None])",
+                                                     "tl.exp(s - m_ij[:, None])"),
+     "merge", "merge: l after an iteration", ("_attn_fwd", "p = tl.exp(s -", 0), NOT_CAUSAL),
+    ("running max starts at 0", _plant('m_i = tl.full([BLOCK_M], float("-inf"), M_PART.dtype.element_ty)',
+                                       "m_i = tl.zeros([BLOCK_M], M_PART.dtype.element_ty)"),
+     "merge", "merge: the loop at", ("_attn_fwd", "for bn in range(", 0), NOT_CAUSAL),
 ]
 
 DQ_PLANTED = [
@@ -152,12 +164,14 @@ PLANTED = [(*planted, "_attn_fwd") for planted in FORWARD_PLANTED] + [(*planted,
                                                    for causal in ("not causal", "top-left", "bottom-right")])
 def test_shipped_forward_is_proved_for_all_shapes(config):
     """Each shipped configuration (128x64): no-wrap, address, bounds, masking (at the row max and at the exp),
-    coverage and writes, all proved (loading the softcap scalar adds its pointer's no-wrap and its bounds)."""
-    proofs = _prove("no-wrap,address,bounds,masking,coverage,writes", config=config)
-    assert len(proofs) == (84 if config >= SOFTCAP else 82) and all(status == "proved" for status, _, _ in proofs), \
+    coverage, writes and merge (the unit, then m, l and acc), all proved (loading the softcap scalar adds its
+    pointer's no-wrap and its bounds)."""
+    proofs = _prove("no-wrap,address,bounds,masking,coverage,writes,merge", config=config)
+    assert len(proofs) == (88 if config >= SOFTCAP else 86) and all(status == "proved" for status, _, _ in proofs), \
         [p for p in proofs if p[0] != "proved"]
     assert {claim.split(":")[0] for _, claim, _ in proofs} >= {"no-wrap", "address", "bounds", "masking", "coverage",
-                                                               "writes"}
+                                                               "writes", "merge"}
+    assert sum(claim.startswith("merge:") for _, claim, _ in proofs) == 4
 
 
 @pytest.mark.parametrize("config", range(6), ids=[f"{causal}{softcap}" for softcap in ("", ", softcap")
@@ -185,7 +199,8 @@ def test_planted_bug_is_refuted_with_its_line(tmp_path, name, edit, theorem, pre
     proofs = _prove(theorem, f"{path}:{function}", config, function)
     line = _line_of(text, marker)
     refuted = [(claim, detail) for status, claim, detail in proofs if status == "refuted" and claim.startswith(prefix)]
-    assert any(f"planted_flash.py:{line}" in claim or f"line {line}" in claim for claim, _ in refuted), \
-        (line, proofs)
+    assert any(f"planted_flash.py:{line}" in claim or f"line {line}" in claim
+               or (theorem == "merge" and detail.startswith(f"first difference at planted_flash.py:{line}"))
+               for claim, detail in refuted), (line, proofs)
     if name == "finite -1e6 fill":
         assert all("-1e+06 is finite" in detail for _, detail in refuted)

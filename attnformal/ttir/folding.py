@@ -8,7 +8,8 @@ reduction an uninterpreted function of its row (a ``λ``-term over the reduced a
 column and accumulator. Equal terms for every lane mean the kernel performs the spec's IEEE operations in the
 spec's order, whatever ``exp`` is; the merge obligations (monoid, loop invariant, masked rows) then hold of
 the loop. A kernel that computes the same real-number merge another way (``exp2`` with a log2(e) scale,
-another association of the sums) is refuted here: the theorem is op-for-op, not real-valued.
+another association of the sums) is not proved here: the theorem is op for op, not real-valued (refuted
+where a valuation separates the two, else unknown).
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import itertools
 import random
 import signal
 import time
@@ -261,9 +262,9 @@ class Abstraction:
     name: str
     apply: Callable[[list], tuple[list, list]]
     axioms: tuple[Axiom, ...] = ()  # the lemma schemas ``apply`` instantiates (their proofs become ``by``)
-    # ``trials(formulas)``: substitutions ``[(symbol, value), ...]`` under which a model of the formulas, if
-    # there is one, is easy to find; a model found under one is a model of the formulas (the premise check).
-    trials: Callable[[list], list] = lambda formulas: []
+    # ``linearizing(formulas)``: symbols that, each fixed to a number, make the formulas easy to decide (linear);
+    # a model found with them fixed is a model of the formulas (the premise check, the repair of a spurious model).
+    linearizing: Callable[[list], list] = lambda formulas: []
 
 
 ABSTRACTION_SHARE = 0.25  # of the units left: an abstraction that does not decide quickly is not worth more
@@ -329,7 +330,7 @@ def _decide(query: Query, axioms: Sequence[Axiom], budget: Budget, solver_for, k
     valid = {axiom.name for axiom in own if axiom.valid}
     premises = [(label, f) for label, f in labelled if label[0] != "axiom" or label[1] not in valid]
     premises += [(("premise", "the premise of the claim"), premise)] if premise is not None else []
-    not_vacuous = _satisfiable(premises, query, budget, abstraction.trials if abstraction is not None else None)
+    not_vacuous = _satisfiable(premises, query, budget, abstraction.linearizing if abstraction is not None else None)
     if not_vacuous is not None:
         return not_vacuous, (), ()
 
@@ -378,7 +379,8 @@ def _decide_abstracted(abstraction: Abstraction, labelled, negation, query: Quer
     solver.add(formulas[-1])
     verdict = budget.check(solver, share=ABSTRACTION_SHARE)[0]
     if verdict == z3.sat:
-        return _genuine_counterexample(solver, [f for _, f in labelled] + negation, query, budget, keep_model)
+        return _genuine_counterexample(solver, [f for _, f in labelled] + negation, query, budget, keep_model,
+                                       abstraction.linearizing)
     if verdict != z3.unsat:
         return None
     core = sorted(int(str(label).removeprefix(_TRACK)) for label in solver.unsat_core())
@@ -390,35 +392,45 @@ def _decide_abstracted(abstraction: Abstraction, labelled, negation, query: Quer
 _SATISFIABLE: dict[tuple[int, ...], list] = {}  # premises already shown satisfiable: their AST ids -> them
 
 
-def _genuine_counterexample(solver, formulas, query: Query, budget: Budget, keep_model=False):
+def _genuine_counterexample(solver, formulas, query: Query, budget: Budget, keep_model=False,
+                            linearizing=lambda formulas: []):
     """The refutation by the abstraction's model (a readable one where there is one) if every formula of
-    the query is true in it; None if it is spurious. Deciding a nonlinear query again cost some controls
-    seconds, and the nonlinear solver's luck varies with the terms created before it."""
+    the query is true in it, or by a model of the query with the ``linearizing`` symbols fixed to their
+    values in it (a spurious model often has the right block sizes and the wrong quotients); None if
+    neither is found. Deciding a nonlinear query again cost some controls seconds, and the nonlinear
+    solver's luck varies with the terms created before it."""
     def genuine(model):
         return model is not None and all(z3.is_true(model.eval(f, model_completion=True)) for f in formulas)
 
     found = solver.model()
     readable = _readable_model(solver, query.show, budget)
     model = readable if genuine(readable) else found if genuine(found) else None
+    symbols = linearizing(formulas) if model is None else []
+    for spurious in filter(None, [readable, found] if symbols else []):
+        fixed = plain_solver()
+        fixed.add(*formulas, *(s == spurious.eval(s, model_completion=True) for s in symbols))
+        if budget.check(fixed, share=ABSTRACTION_SHARE)[0] == z3.sat and genuine(fixed.model()):
+            model = fixed.model()
+            break
     if model is None:
         return None
     return (Proof("", "z3", REFUTED, case=query.case, countermodel=render(model, query.show),
                   model=model if keep_model else None), (), ())
 
 
-def _satisfiable(labelled, query: Query, budget: Budget, trials=None) -> Proof | None:
+def _satisfiable(labelled, query: Query, budget: Budget, linearizing=None) -> Proof | None:
     """None if the premises have a model; else the vacuous or unknown outcome.
 
     The properties of one obligation share their hypotheses (every tile query of a mask family has
     the same), so premises shown satisfiable once are not checked again. Z3 shares equal terms, so the
     formulas' AST ids name them; the cache holds the formulas, so that no id is reused for another term.
-    ``trials``: see :attr:`Abstraction.trials`, tried first.
+    ``linearizing``: see :attr:`Abstraction.linearizing`; models with those symbols fixed are tried first.
     """
     formulas = [formula for _, formula in labelled]
     key = tuple(sorted(formula.get_id() for formula in formulas))
     if key in _SATISFIABLE:
         return None
-    if trials is not None and _satisfiable_in_a_trial(formulas, trials, budget):
+    if linearizing is not None and _satisfiable_in_a_trial(formulas, linearizing(formulas), budget):
         _SATISFIABLE[key] = formulas
         return None
     solver = plain_solver()  # finding a model is easy; the tactics need not return one
@@ -435,11 +447,17 @@ def _satisfiable(labelled, query: Query, budget: Budget, trials=None) -> Proof |
     return _unknown(solver, query, budget, "satisfiability of the hypotheses and premise: ")
 
 
-def _satisfiable_in_a_trial(formulas, trials, budget: Budget) -> bool:
-    """Whether the formulas have a model with some trial's symbols fixed (then they have one)."""
-    for substitution in trials(formulas):
+TRIAL_VALUES = (1, 2, 4)  # what each linearizing symbol is fixed to, in every combination, smallest sum first
+
+
+def _satisfiable_in_a_trial(formulas, symbols, budget: Budget) -> bool:
+    """Whether the formulas have a model with the ``symbols`` fixed to some combination of
+    :data:`TRIAL_VALUES` (then they have one; a chunk may need to hold three rows of one-row blocks)."""
+    if not symbols:
+        return False
+    for values in sorted(itertools.product(TRIAL_VALUES, repeat=len(symbols)), key=lambda v: (sum(v), v)):
         solver = plain_solver()
-        solver.add(*(z3.substitute(formula, *substitution) for formula in formulas))
+        solver.add(*(z3.substitute(formula, *zip(symbols, map(z3.IntVal, values))) for formula in formulas))
         if budget.check(solver, share=ABSTRACTION_SHARE)[0] == z3.sat:
             return True
     return False

@@ -191,7 +191,7 @@ def linear_abstraction(budget: Budget) -> Abstraction:
         return [f for f, _, _ in read], [(bounds, [f for f, _, _ in division]), (monotone, [f for f, _, _ in ordered]),
                                          (sign, signs), (product_monotone, pairs)]
 
-    return Abstraction("linear arithmetic, with floor-division and product lemmas", apply, axioms, _small_factors)
+    return Abstraction("linear arithmetic, with floor-division and product lemmas", apply, axioms, _linearizing_symbols)
 
 
 def _union(keys):
@@ -279,13 +279,9 @@ class _LinearReading:
         return (z3.substitute(f, *substitution) if substitution else f), quotients, keys
 
 
-TRIAL_VALUES = (1, 2, 4)  # what each symbol that makes a query nonlinear is fixed to, in every combination
-
-
-def _small_factors(formulas):
-    """Substitutions that make the formulas linear: every divisor, and one factor of every other product
-    of two symbols (the one in the most products), fixed to small values, every combination of
-    :data:`TRIAL_VALUES`, smallest sum first (a chunk may need to hold three rows of one-row blocks)."""
+def _linearizing_symbols(formulas):
+    """The symbols that, fixed to numbers, make the formulas linear: every divisor, and one factor of
+    every other product of two symbols (the one in the most products)."""
     divisors = {t.arg(1).get_id(): t.arg(1) for t in _postorder(formulas, z3.Z3_OP_IDIV)
                 if z3.is_const(t.arg(1)) and not z3.is_int_value(t.arg(1))}
     products = [_factors(t) for t in _postorder([z3.simplify(f, som=True) for f in formulas], z3.Z3_OP_MUL,
@@ -299,9 +295,7 @@ def _small_factors(formulas):
             chosen = max(pair, key=lambda f: (count[f.get_id()], str(f)))
             if z3.is_const(chosen):
                 fixed[chosen.get_id()] = chosen
-    symbols = sorted(fixed.values(), key=str)
-    choices = sorted(itertools.product(TRIAL_VALUES, repeat=len(symbols)), key=lambda values: (sum(values), values))
-    return [[(s, z3.IntVal(v)) for s, v in zip(symbols, values)] for values in choices] if symbols else []
+    return sorted(fixed.values(), key=str)
 
 
 def _postorder(formulas, operator, keep=lambda term: True):

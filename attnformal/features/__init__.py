@@ -41,15 +41,22 @@ def names() -> tuple[str, ...]:
     return tuple(f.name for f in FEATURES)
 
 
-def with_role(*roles: str) -> list[Feature]:
-    """The registered features taking part as one of ``roles``, in order."""
-    return [f for f in FEATURES if f.role in roles]
+def with_role(*roles: str) -> tuple[Feature, ...]:
+    """The registered features taking part as one of ``roles``, in order (the mask predicate asks for
+    them at every index it evaluates: each answer is kept until :func:`registered` changes the registry)."""
+    found = BY_ROLE.get(roles)
+    if found is None:
+        found = BY_ROLE[roles] = tuple(f for f in FEATURES if f.role in roles)
+    return found
+
+
+BY_ROLE: dict[tuple[str, ...], tuple[Feature, ...]] = {}
 
 
 MASK_ROLES = ("interval", "length", "data")  # the roles that decide which keys a query may attend
 
 
-def mask_features() -> list[Feature]:
+def mask_features() -> tuple[Feature, ...]:
     """The registered features that mask keys: index intervals, key lengths and data masks."""
     return with_role(*MASK_ROLES)
 

@@ -214,12 +214,14 @@ def refuse_unsupported(spec, supports, implementation: str) -> None:
 @contextlib.contextmanager
 def registered(feature: Feature):
     """Register ``feature`` (last in the order) for the duration of a ``with`` block: for tests."""
-    from attnformal.features import FEATURES
+    from attnformal.features import BY_ROLE, FEATURES
 
     if any(f.name == feature.name for f in FEATURES):
         raise ValueError(f"a feature named {feature.name!r} is already registered")
     FEATURES.append(feature)
+    BY_ROLE.clear()
     try:
         yield feature
     finally:
         FEATURES.remove(feature)
+        BY_ROLE.clear()

@@ -7,8 +7,8 @@ from fractions import Fraction
 import z3
 
 from attnformal import ops
-from attnformal.logic import PROVED, REFUTED, VACUOUS, Budget, Query, check_z3
-from attnformal.proofs.integers import linear_abstraction, linear_lemmas
+from attnformal.logic import PROVED, REFUTED, VACUOUS, Budget, Query, _genuine_counterexample, check_z3
+from attnformal.proofs.integers import _linearizing_symbols, linear_abstraction, linear_lemmas
 
 LEMMAS = ("floor-division bounds", "floor-division monotone", "product sign", "product monotone")
 
@@ -60,3 +60,20 @@ def test_impossible_nonlinear_hypotheses_are_still_vacuous():
     k, n = z3.Ints("k n")
     proof = _check(k >= 0, (("n, k >= 1", z3.And(n >= 1, k >= 1)), ("k n < 1", k * n < 1)))
     assert proof.status == VACUOUS
+
+
+def test_a_spurious_model_is_repaired_with_its_linearizing_symbols_fixed():
+    # The abstraction's model (x = 9, n = 2, y = 2) reads x = n y as a fresh product: false in the query.
+    # With n fixed to its value the query is linear, and its model is a real counterexample to x != n y.
+    x, n, y = z3.Ints("x n y")
+    formulas = [x == n * y, n >= 2, y >= 2, x <= 20]
+    spurious = z3.Solver()
+    spurious.add(x == 9, n == 2, y == 2)
+    assert spurious.check() == z3.sat
+    query = Query(x != n * y, (), {"x": x, "n": n, "y": y})
+    assert set(map(str, _linearizing_symbols(formulas))) in ({"n"}, {"y"})
+    proof, _, _ = _genuine_counterexample(spurious, formulas, query, Budget(), linearizing=lambda fs: [n])
+    values = {name: int(value) for name, value in proof.countermodel.items()}
+    assert proof.status == REFUTED and values["n"] == 2 and values["x"] == values["n"] * values["y"] <= 20
+    # control: without the repair the spurious model is not taken for a counterexample
+    assert _genuine_counterexample(spurious, formulas, query, Budget()) is None

@@ -32,10 +32,11 @@ prove: $(VENV)/.installed
 
 # The forward, dQ and dK/dV Triton kernels proved from their TTIR, every shipped configuration (docs/ttir.md): about
 # 45 s of Z3 in all, so a target of its own rather than a `make prove` obligation (which must stay ~10 s).
+TTIR_KERNELS := --triton attnformal.kernels.triton_flash:_attn_fwd --triton attnformal.kernels.triton_flash:_attn_bwd_dq \
+	--triton attnformal.kernels.triton_flash:_attn_bwd_dkdv
+
 prove-triton: $(VENV)/.installed
-	env -u TRITON_INTERPRET TRITON_DEFAULT_FP_FUSION=1 $(PY) -m attnformal.prove \
-	  --triton attnformal.kernels.triton_flash:_attn_fwd --triton attnformal.kernels.triton_flash:_attn_bwd_dq \
-	  --triton attnformal.kernels.triton_flash:_attn_bwd_dkdv
+	env -u TRITON_INTERPRET TRITON_DEFAULT_FP_FUSION=1 $(PY) -m attnformal.prove $(TTIR_KERNELS)
 
 # The main run spreads the tests over worker processes (pytest-xdist; one per core, at most 4: each
 # worker holds its own torch), a module per worker (its fixtures and the wheel test-command builds stay in one
@@ -61,9 +62,14 @@ $(ASCEND_VENV)/.installed: pyproject.toml
 	$(ASCEND_PY) -m pip install -q --no-deps --no-index "$(TORCH)" 2>/dev/null || \
 		$(ASCEND_PY) -m pip install -q --no-deps --index-url $(TORCH_INDEX) "$(TORCH)"
 	$(ASCEND_PY) -m pip install -q "$(TORCH)" "$(TRITON_ASCEND)" pybind11 numpy pytest
-	$(ASCEND_PY) -m pip install -q --no-deps -e .
+	$(ASCEND_PY) -m pip install -q -e .  # our own dependencies (z3, sympy, ...); torch is there already
 	touch $@
 
+# The lowering gate, then the same TTIR theorems as `make prove-triton` on the TTIR triton-ascend's front end
+# emits (the kernel it lowers is the kernel proven), the gate's negative controls, and the planted TTIR bugs.
 ascend-check: $(ASCEND_VENV)/.installed
 	TRITON_INTERPRET=0 $(ASCEND_PY) tools/ascend_check.py
+	TRITON_INTERPRET=0 $(ASCEND_PY) -m attnformal.prove --triton-target ascend $(TTIR_KERNELS)
 	TRITON_INTERPRET=0 $(ASCEND_PY) -m pytest -q -p no:attnformal.verify.pytest_plugin tests/kernels/test_ascend_lowering.py
+	TRITON_INTERPRET=0 ATTNFORMAL_TTIR_TARGET=ascend $(ASCEND_PY) -m pytest -q -p no:attnformal.verify.pytest_plugin \
+	  tests/ttir/test_theorems.py -k planted  # the planted bugs, refuted on triton-ascend's TTIR too

@@ -17,6 +17,7 @@ that: a worker past it is stopped, and what it had not decided is *interrupted* 
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import fnmatch
 import importlib
@@ -38,6 +39,7 @@ from attnformal.logic import (CHECKED, DEFAULT_BUDGET, DEFAULT_WALL_S, INTERRUPT
                               UNKNOWN, VACUOUS, Budget, Proof, Settings)
 from attnformal.pictures import prove_options
 from attnformal.schedule import TileSchedule
+from attnformal.ttir.lower import TARGETS as TTIR_TARGETS
 
 # The kernels whose schedules are always proven. Add a kernel's schedule here as
 # "module:attribute" (a TileSchedule, or a list/tuple of them, e.g. autotune configs).
@@ -518,6 +520,8 @@ def parse(argv):
                         help="worker processes (<= 2)")
     parser.add_argument("--triton", metavar="FILE.py:KERNEL", action="append",
                         help="prove a Triton kernel from its TTIR; repeatable")
+    parser.add_argument("--triton-target", choices=TTIR_TARGETS, default="cuda",
+                        help=argparse.SUPPRESS)  # docs/ttir.md; `make ascend-check` passes ascend
     parser.add_argument("--no-cache", action="store_true",
                         help="re-prove unchanged obligations too")
     prove_options.add_options(parser)
@@ -613,7 +617,7 @@ def _main(argv) -> int:
         from attnformal.ttir.cli import prove_triton
         from attnformal.ttir.theorems import Limits
         limits = Limits(units=int(args.budget * RLIMIT_UNIT), seconds=args.timeout)
-        return max([prove_triton(target, limits) for target in args.triton])  # 2: a usage error, 1: not proved
+        return max([prove_triton(target, limits, compiler=args.triton_target) for target in args.triton])  # 2: a usage error, 1: not proved
     if args.show_schedule:
         return prove_options.show_schedule(args, chosen, settings.schedules)
     proves_schedules = any(getattr(module, "PROVES_SCHEDULES", False) for _, module in chosen)

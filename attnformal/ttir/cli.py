@@ -27,8 +27,10 @@ REPRO_DIR = "verify-repro"  # where the battery writes its reproducers too
 MAX_REPLAY_SCORES = 2 ** 22  # a refutation's shape larger than this is not written as a case
 
 
-def prove_triton(target: str, limits: Limits = Limits(), out=sys.stdout, repro_dir=REPRO_DIR, configs=None) -> int:
-    """Every theorem on every configuration of the kernel's launch (or ``configs``); 0 iff all are proved."""
+def prove_triton(target: str, limits: Limits = Limits(), out=sys.stdout, repro_dir=REPRO_DIR, configs=None,
+                 compiler="cuda") -> int:
+    """Every theorem on every configuration of the kernel's launch (or ``configs``), on the TTIR of ``compiler``'s
+    front end (:data:`~attnformal.ttir.lower.TARGETS`); 0 iff all are proved."""
     try:
         launch = launch_for(target)
         fn = load_attr(target)
@@ -37,8 +39,8 @@ def prove_triton(target: str, limits: Limits = Limits(), out=sys.stdout, repro_d
         return 2
     ok = True
     folders = None if repro_dir is None else ReproFolders(repro_dir)
-    print(f"kernel {target}", file=out)
-    for config, proofs in prove_launch(launch, fn=fn, limits=limits, configs=configs):
+    print(f"kernel {target}" + ("" if compiler == "cuda" else f" (TTIR of the {compiler} front end)"), file=out)
+    for config, proofs in prove_launch(launch, fn=fn, limits=limits, configs=configs, target=compiler):
         print(f"config {_named(config)}", file=out)
         for number, proof in enumerate(proofs):
             ok &= proof.status == PROVED

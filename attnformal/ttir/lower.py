@@ -14,31 +14,39 @@ from attnformal.ttir.parse import Function, parse_module
 _POINTER = "*fp32"  # the element type matters to no theorem; float loads are value-opaque
 
 
-def ttir_text(fn, constexprs: dict, pointer_types: dict | None = None) -> str:
+TARGETS = ("cuda", "ascend")  # any CUDA target lowers without a GPU; triton-ascend's front end without an NPU
+
+
+def ttir_text(fn, constexprs: dict, pointer_types: dict | None = None, target: str = "cuda") -> str:
+    """The kernel's TTIR for one configuration, from the installed Triton's front end and ``ttir`` stage:
+    ``"cuda"`` (sm_80), or ``"ascend"`` (Ascend 910B3: triton-ascend, which replaces the ``triton`` package)."""
+    import inspect
+
     from triton._C.libtriton import ir
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from triton.compiler.compiler import make_backend
 
     pointer_types = pointer_types or {}
-    signature = {}
-    for name in fn.arg_names:
-        if name in constexprs:
-            signature[name] = "constexpr"
-        else:
-            signature[name] = pointer_types.get(name, _POINTER if _is_pointer(fn, name) else "i32")
-    source = ASTSource(fn, signature, constexprs)
-    target = GPUTarget("cuda", 80, 32)  # any CUDA target lowers without a GPU
-    backend = make_backend(target)
+    types = {name: "constexpr" if name in constexprs else
+             pointer_types.get(name, _POINTER if _is_pointer(fn, name) else "i32") for name in fn.arg_names}
+    device = GPUTarget("cuda", 80, 32) if target == "cuda" else GPUTarget("npu", "Ascend910B3", 0)
+    backend = make_backend(device)
     options = backend.parse_options({})
     context = ir.context()
     ir.load_dialects(context)
     backend.load_dialects(context)
-    module = source.make_ir(target, options, backend.get_codegen_implementation(options),
-                            backend.get_module_map(), context)
     stages = {}
-    backend.add_stages(stages, options, source.language)
-    return str(stages["ttir"](module, {}))
+    if "target" in inspect.signature(ASTSource.make_ir).parameters:  # Triton >= 3.3
+        source = ASTSource(fn, types, constexprs)
+        module = source.make_ir(device, options, backend.get_codegen_implementation(options),
+                                backend.get_module_map(), context)
+        backend.add_stages(stages, options, source.language)
+    else:  # Triton 3.2 (triton-ascend 3.2.0): constexprs are not in the signature
+        source = ASTSource(fn, {n: t for n, t in types.items() if t != "constexpr"}, dict(constexprs))
+        module = source.make_ir(options, backend.get_codegen_implementation(), backend.get_module_map(), context)
+        backend.add_stages(stages, options)
+    return str(stages["ttir"](module, {"hash": "attnformal", "target": device, **options.__dict__}))
 
 
 def _is_pointer(fn, name):
@@ -46,8 +54,9 @@ def _is_pointer(fn, name):
     return re.fullmatch(r'[A-Z][A-Z0-9_]*', name) is not None
 
 
-def lower(fn, constexprs: dict, pointer_types: dict | None = None) -> Function:
-    return parse_module(ttir_text(fn, constexprs, pointer_types))
+def lower(fn, constexprs: dict, pointer_types: dict | None = None, target: str = "cuda") -> Function:
+    return parse_module(ttir_text(fn, constexprs, pointer_types, target),
+                        [name for name in fn.arg_names if name not in constexprs])
 
 
-__all__ = ["lower", "ttir_text"]
+__all__ = ["TARGETS", "lower", "ttir_text"]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 _LOC_DEF = re.compile(r'^#(loc\d*) = loc\((.*)\)$')
 _RESULTS = re.compile(r'^((?:%[\w$.-]+(?::\d+)?)(?:, %[\w$.-]+(?::\d+)?)*) = (.*)$')
 _TRAILING_LOC = re.compile(r'\s*loc\((#loc\d*|[^()]*(?:\([^()]*\))?[^()]*)\)\s*$')
+_TRITON_LIBRARY = re.compile(r'/triton/(?:triton_patch/)?language/')  # triton-ascend patches tl in triton_patch/
 _FUNC = re.compile(r'^tt\.func (?:public |private )?@(\w+)\((.*)\)(?: -> .*)? (?:attributes \{.*\} )?\{$')
 
 
@@ -46,8 +47,11 @@ class Function:
     ops: list[Op]
 
 
-def parse_module(text: str) -> Function:
-    """The one ``tt.func`` of a lowered kernel (Triton's inliner has folded every helper into it)."""
+def parse_module(text: str, arg_names: list[str] | None = None) -> Function:
+    """The one ``tt.func`` of a lowered kernel (Triton's inliner has folded every helper into it).
+
+    ``arg_names``: the kernel's runtime arguments in order, for a front end that prints them as
+    ``%arg0, %arg1, ...`` (Triton 3.2, triton-ascend's); they are renamed to them throughout."""
     lines = text.splitlines()
     locations = _Locations([line for line in lines if line.startswith("#loc")])
     body = [line.strip() for line in lines if line.strip() and not line.startswith("#loc")]
@@ -58,8 +62,15 @@ def parse_module(text: str) -> Function:
     match = _FUNC.match(_strip_loc(body[start])[0])
     if not match:
         raise TTIRSyntaxError(f"unrecognised function header: {body[start][:120]}")
-    params = [(name, type_) for name, type_ in re.findall(r'%(\w+): ([^,]+?)(?: loc\([^)]*\)\))?(?:,|$)',
+    params = [(name, type_) for name, type_ in re.findall(r'%(\w+): ([^,]+?)(?: loc\((?:[^()]|\([^()]*\))*\))?(?:,|$)',
                                                           match.group(2))]
+    if arg_names is not None and [name for name, _ in params] == [f"arg{k}" for k in range(len(params))]:
+        if len(arg_names) != len(params):
+            raise TTIRSyntaxError(f"{len(params)} parameters, {len(arg_names)} argument names")
+        params = [(name, type_) for name, (_, type_) in zip(arg_names, params)]
+        unnamed = re.compile(r'%arg(\d+)(?![\w$.-])')  # block arguments are numbered after the parameters
+        body = [unnamed.sub(lambda m: f"%{arg_names[int(m[1])]}" if int(m[1]) < len(arg_names) else m[0], line)
+                for line in body]
     ops, _ = _parse_ops(body, start + 1, locations)
     return Function(match.group(1), params, ops)
 
@@ -152,7 +163,7 @@ class _Locations:
         return []
 
     def resolve(self, text):
-        frames = [f for f in (self.frames(text) if text else []) if "/triton/language/" not in f[0]]
+        frames = [f for f in (self.frames(text) if text else []) if not _TRITON_LIBRARY.search(f[0])]
         if not frames:  # Triton's own library frames (tl.max's body) say nothing about the kernel
             return "?"
         (file, line), callers = frames[0], [str(n) for _, n in frames[1:]]

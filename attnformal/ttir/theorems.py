@@ -657,13 +657,15 @@ class _Joint:
 THEOREMS = ("no-wrap", "address", "bounds", "masking", "coverage", "writes", "merge")
 
 
-def prove_launch(launch: LaunchDescription, fn=None, limits=Limits(), theorems=THEOREMS, configs=None):
-    """Every theorem on every configuration: ``[(config, [Proof])]``. ``fn`` overrides the kernel (a planted copy)."""
+def prove_launch(launch: LaunchDescription, fn=None, limits=Limits(), theorems=THEOREMS, configs=None,
+                 target="cuda"):
+    """Every theorem on every configuration: ``[(config, [Proof])]``. ``fn`` overrides the kernel (a planted copy);
+    ``target``: whose front end lowers it (:data:`~attnformal.ttir.lower.TARGETS`)."""
     fn = fn if fn is not None else load_attr(launch.kernel)
     results = []
     for config in configs or launch.configs:
         try:
-            function = lower(fn, config, launch.pointer_types)
+            function = lower(fn, config, launch.pointer_types, target)
             trace, second = interpret(function), interpret(function, prefix="p2_")
         except Unsupported as why:
             results.append((config, [Proof("interpret the TTIR", TOOL, UNKNOWN, detail=str(why))]))

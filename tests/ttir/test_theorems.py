@@ -2,7 +2,8 @@
 
 Lowering needs Triton's compiler, not its interpreter (which the suite's conftest turns on), so each
 case runs in a child Python without ``TRITON_INTERPRET``. Each planted copy is compiled once and only
-the theorem that must refute it is run.
+the theorem that must refute it is run. ``ATTNFORMAL_TTIR_TARGET=ascend`` (``make ascend-check``, in the
+triton-ascend environment) lowers with triton-ascend's front end instead of CUDA's.
 """
 
 import json
@@ -24,18 +25,19 @@ from attnformal.ttir.theorems import load_attr, prove_launch
 described = getattr(launch, sys.argv[4])
 fn = load_attr(sys.argv[1]) if sys.argv[1] else None
 (config, proofs), = prove_launch(described, fn=fn, theorems=sys.argv[2].split(","),
-                                 configs=[described.configs[int(sys.argv[3])]])
+                                 configs=[described.configs[int(sys.argv[3])]], target=sys.argv[5])
 print(json.dumps([[p.status, p.claim, p.detail] for p in proofs]))
 """
 # kernel -> its description in attnformal/ttir/launch.py
 LAUNCHES = {"_attn_fwd": "FORWARD", "_attn_bwd_dq": "BACKWARD_DQ", "_attn_bwd_dkdv": "BACKWARD_DKDV"}
 NOT_CAUSAL, BOTTOM_RIGHT, SOFTCAP = 0, 2, 3  # indices into FORWARD.configs (CAUSAL_MODES order, then with softcap)
+TARGET = os.environ.get("ATTNFORMAL_TTIR_TARGET", "cuda")  # whose front end lowers the kernels
 
 
 def _prove(theorems, kernel="", config=NOT_CAUSAL, function="_attn_fwd"):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    done = subprocess.run([sys.executable, "-c", CHILD, kernel, theorems, str(config), LAUNCHES[function]],
+    done = subprocess.run([sys.executable, "-c", CHILD, kernel, theorems, str(config), LAUNCHES[function], TARGET],
                           capture_output=True, text=True, env=env, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -63,6 +65,17 @@ def _line_of(text, marker):
     first = text[:text.index(f"def {function}(")].count("\n") + 1
     lines = text.splitlines()
     return [k + 1 for k in range(first - 1, len(lines)) if needle in lines[k]][occurrence]
+
+
+def _statement_lines(text, line):
+    """The lines of the statement that starts at ``line``: a call written over several lines is located at its
+    first by Triton >= 3.3 and at its last by Triton 3.2 (triton-ascend)."""
+    lines, depth = text.splitlines(), 0
+    for k in range(line - 1, len(lines)):
+        depth += lines[k].count("(") - lines[k].count(")")
+        if depth <= 0:
+            return range(line, k + 2)
+    return range(line, line + 1)
 
 
 _LOOP = SOURCE.read_text()[slice(*_kernel_source(SOURCE.read_text()))]
@@ -197,10 +210,10 @@ def test_planted_bug_is_refuted_with_its_line(tmp_path, name, edit, theorem, pre
     path = tmp_path / "planted_flash.py"
     path.write_text(text)
     proofs = _prove(theorem, f"{path}:{function}", config, function)
-    line = _line_of(text, marker)
+    lines = _statement_lines(text, _line_of(text, marker))
     refuted = [(claim, detail) for status, claim, detail in proofs if status == "refuted" and claim.startswith(prefix)]
     assert any(f"planted_flash.py:{line}" in claim or f"line {line}" in claim
                or (theorem == "merge" and detail.startswith(f"first difference at planted_flash.py:{line}"))
-               for claim, detail in refuted), (line, proofs)
+               for claim, detail in refuted for line in lines), (lines, proofs)
     if name == "finite -1e6 fill":
         assert all("-1e+06 is finite" in detail for _, detail in refuted)

@@ -7,6 +7,7 @@ compiles for any value of its runtime arguments below 2**31; the constexprs are 
 
 from __future__ import annotations
 
+import inspect
 import re
 
 from attnformal.ttir.parse import Function, parse_module
@@ -14,14 +15,14 @@ from attnformal.ttir.parse import Function, parse_module
 _POINTER = "*fp32"  # the element type matters to no theorem; float loads are value-opaque
 
 
-TARGETS = ("cuda", "ascend")  # any CUDA target lowers without a GPU; triton-ascend's front end without an NPU
+# GPUTarget's arguments per target: any CUDA target lowers without a GPU, triton-ascend's front end without an NPU
+_DEVICES = {"cuda": ("cuda", 80, 32), "ascend": ("npu", "Ascend910B3", 0)}
+TARGETS = tuple(_DEVICES)
 
 
 def ttir_text(fn, constexprs: dict, pointer_types: dict | None = None, target: str = "cuda") -> str:
     """The kernel's TTIR for one configuration, from the installed Triton's front end and ``ttir`` stage:
     ``"cuda"`` (sm_80), or ``"ascend"`` (Ascend 910B3: triton-ascend, which replaces the ``triton`` package)."""
-    import inspect
-
     from triton._C.libtriton import ir
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -30,7 +31,7 @@ def ttir_text(fn, constexprs: dict, pointer_types: dict | None = None, target: s
     pointer_types = pointer_types or {}
     types = {name: "constexpr" if name in constexprs else
              pointer_types.get(name, _POINTER if _is_pointer(fn, name) else "i32") for name in fn.arg_names}
-    device = GPUTarget("cuda", 80, 32) if target == "cuda" else GPUTarget("npu", "Ascend910B3", 0)
+    device = GPUTarget(*_DEVICES[target])
     backend = make_backend(device)
     options = backend.parse_options({})
     context = ir.context()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 _LOC_DEF = re.compile(r'^#(loc\d*) = loc\((.*)\)$')
 _RESULTS = re.compile(r'^((?:%[\w$.-]+(?::\d+)?)(?:, %[\w$.-]+(?::\d+)?)*) = (.*)$')
 _TRAILING_LOC = re.compile(r'\s*loc\((#loc\d*|[^()]*(?:\([^()]*\))?[^()]*)\)\s*$')
+_PARAM = re.compile(r'%(\w+): ([^,]+?)(?: loc\((?:[^()]|\([^()]*\))*\))?(?:,|$)')  # name, type; its loc skipped
 _TRITON_LIBRARY = re.compile(r'/triton/(?:triton_patch/)?language/')  # triton-ascend patches tl in triton_patch/
 _FUNC = re.compile(r'^tt\.func (?:public |private )?@(\w+)\((.*)\)(?: -> .*)? (?:attributes \{.*\} )?\{$')
 
@@ -62,8 +63,7 @@ def parse_module(text: str, arg_names: list[str] | None = None) -> Function:
     match = _FUNC.match(_strip_loc(body[start])[0])
     if not match:
         raise TTIRSyntaxError(f"unrecognised function header: {body[start][:120]}")
-    params = [(name, type_) for name, type_ in re.findall(r'%(\w+): ([^,]+?)(?: loc\((?:[^()]|\([^()]*\))*\))?(?:,|$)',
-                                                          match.group(2))]
+    params = _PARAM.findall(match.group(2))
     if arg_names is not None and [name for name, _ in params] == [f"arg{k}" for k in range(len(params))]:
         if len(arg_names) != len(params):
             raise TTIRSyntaxError(f"{len(params)} parameters, {len(arg_names)} argument names")

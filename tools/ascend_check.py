@@ -41,8 +41,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from attnformal.ttir.lower import DEVICES
+
 ROOT = Path(__file__).resolve().parents[1]
-TARGET_ARCH = "Ascend910B3"
+TARGET = DEVICES["ascend"]  # the GPUTarget the TTIR prover lowers for too
+TARGET_ARCH = TARGET[1]
 DTYPES = ("float16", "bfloat16", "float32")  # Ascend has no float64: the launcher refuses it on an NPU
 HEAD_DIMS = (16, 32, 64, 128, 256)  # one per padded head-dim class (triton-ascend: {16, ..., 256})
 # Left by triton-adapter-opt in the Linalg module, but CUDA-only: bishengir cannot compile them.
@@ -126,7 +129,7 @@ class Lowerer:
         from triton.backends.compiler import GPUTarget
         from triton.compiler.compiler import make_backend
 
-        self.target = GPUTarget("npu", TARGET_ARCH, 0)
+        self.target = GPUTarget(*TARGET)
         self.backend = make_backend(self.target)
         self.options = self.backend.parse_options({})
         self.stages = {}

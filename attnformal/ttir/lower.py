@@ -16,8 +16,8 @@ _POINTER = "*fp32"  # the element type matters to no theorem; float loads are va
 
 
 # GPUTarget's arguments per target: any CUDA target lowers without a GPU, triton-ascend's front end without an NPU
-_DEVICES = {"cuda": ("cuda", 80, 32), "ascend": ("npu", "Ascend910B3", 0)}
-TARGETS = tuple(_DEVICES)
+DEVICES = {"cuda": ("cuda", 80, 32), "ascend": ("npu", "Ascend910B3", 0)}
+TARGETS = tuple(DEVICES)
 
 
 def ttir_text(fn, constexprs: dict, pointer_types: dict | None = None, target: str = "cuda") -> str:
@@ -31,7 +31,7 @@ def ttir_text(fn, constexprs: dict, pointer_types: dict | None = None, target: s
     pointer_types = pointer_types or {}
     types = {name: "constexpr" if name in constexprs else
              pointer_types.get(name, _POINTER if _is_pointer(fn, name) else "i32") for name in fn.arg_names}
-    device = GPUTarget(*_DEVICES[target])
+    device = GPUTarget(*DEVICES[target])
     backend = make_backend(device)
     options = backend.parse_options({})
     context = ir.context()

@@ -45,7 +45,6 @@ from attnformal.ttir.lower import DEVICES
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = DEVICES["ascend"]  # the GPUTarget the TTIR prover lowers for too
-TARGET_ARCH = TARGET[1]
 DTYPES = ("float16", "bfloat16", "float32")  # Ascend has no float64: the launcher refuses it on an NPU
 HEAD_DIMS = (16, 32, 64, 128, 256)  # one per padded head-dim class (triton-ascend: {16, ..., 256})
 # Left by triton-adapter-opt in the Linalg module, but CUDA-only: bishengir cannot compile them.
@@ -316,7 +315,7 @@ def run(kernels, configs, out=sys.stdout, complete=True) -> int:
     for problem in problems:
         print(f"ascend-check: FAILED: {problem}", file=out)
     print(f"ascend-check: {len(configs)} configurations, {len(variants)} distinct kernel variants lowered "
-          f"through ttir and ttadapter for {TARGET_ARCH} in {seconds:.1f} s; npubin (bishengir-compile) not run",
+          f"through ttir and ttadapter for {TARGET[1]} in {seconds:.1f} s; npubin (bishengir-compile) not run",
           file=out)
     print(f"ascend-check: {passed} passed, {failed + len(problems)} failed", file=out)
     return 0 if passed and not failed and not problems else 1

@@ -26,12 +26,17 @@ def tile_scores(q, k, scale, softcap=None, allowed=None, bias=None):
     slope = None
     if softcap is not None:
         s = apply_softcap(s, softcap)
-        slope = 1 - (s / softcap) * (s / softcap)
+        slope = softcap_slope(s, softcap)
     if bias is not None:
         s = s + bias
     if allowed is not None:
         s = ops.where(allowed, s, NEG_INF)
     return s, slope
+
+
+def softcap_slope(capped, softcap):
+    """``d capped / d raw`` of ``capped = softcap tanh(raw / softcap)``: ``1 - tanh^2``, from the capped scores."""
+    return 1 - (capped / softcap) * (capped / softcap)
 
 
 def tile_grads(q, k, v, grad_out, lse, delta, *, scale, softcap=None, allowed=None, weights=None,
@@ -53,6 +58,12 @@ def tile_grads_and_dbias(q, k, v, grad_out, lse, delta, *, scale, softcap=None, 
     taken before the softcap's chain rule.
     """
     s, slope = tile_scores(q, k, scale, softcap, allowed, bias)
+    return score_grads(s, slope, q, k, v, grad_out, lse, delta, scale=scale, weights=weights, grad_lse=grad_lse)
+
+
+def score_grads(s, slope, q, k, v, grad_out, lse, delta, *, scale, weights=None, grad_lse=None):
+    """:func:`tile_grads_and_dbias` from the tile's final scores ``s`` and the softcap's ``slope`` (those of
+    :func:`tile_scores`): where the TTIR prover takes over a kernel's own score tile."""
     p = ops.exp(s - finite_shift(lse))
     dp = grad_out @ v.swapaxes(-1, -2)  # gradient w.r.t. the probabilities the output used
     dropped = p

@@ -349,7 +349,7 @@ def _tile_grads(q, k, v, do, lse, delta, rows, cols, tile_class,
                 mask_base, mask_si, mask_sj, keep_base, keep_si, keep_sj,
                 HAS_ATTN_MASK: tl.constexpr, HAS_KEEP: tl.constexpr,
                 HAS_SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, BF16_VIA_FP32: tl.constexpr):
-    """``(P * weights, dS / scale, slope)`` of one tile, as :func:`attnformal.tile.tile_grads_and_dbias`
+    """``(P * weights, dS, slope)`` of one tile, as :func:`attnformal.tile.tile_grads_and_dbias`
     forms them: ``dS`` is the gradient of the final (biased) scores, before the softcap's ``slope``."""
     s, slope = _tile_scores(q, k, rows, cols, tile_class,
                             seq_q, seq_k, row_lo, row_hi, scale, softcap, bias_base,
@@ -414,11 +414,11 @@ def _attn_bwd_dkdv(
                                             mask_base, mask_si, mask_sj, keep_base, keep_si, keep_sj,
                                             HAS_ATTN_MASK, HAS_KEEP, HAS_SOFTCAP, HAS_BIAS, BF16_VIA_FP32)
             dv += _dot(tl.trans(p_kept.to(do.dtype)), do, BF16_VIA_FP32)
-            dk += _dot(tl.trans((ds * slope).to(q.dtype)), q, BF16_VIA_FP32)
+            dk += scale * _dot(tl.trans((ds * slope).to(q.dtype)), q, BF16_VIA_FP32)
 
     in_cols = cols[:, None] < seq_k
     out_rows = bhk * seq_k + cols[:, None]
-    tl.store(DK + out_rows * head_dim + dims[None, :], (dk * scale).to(DK.dtype.element_ty),
+    tl.store(DK + out_rows * head_dim + dims[None, :], dk.to(DK.dtype.element_ty),
              mask=in_cols & (dims[None, :] < head_dim))
     tl.store(DV + out_rows * head_dim_v + dims_v[None, :], dv.to(DV.dtype.element_ty),
              mask=in_cols & (dims_v[None, :] < head_dim_v))
@@ -470,9 +470,9 @@ def _attn_bwd_dq(
         if HAS_BIAS:
             tl.store(DBIAS + bh * seq_q * seq_k + rows[:, None].to(tl.int64) * seq_k + cols[None, :], ds,
                      mask=(rows[:, None] < seq_q) & (cols[None, :] < seq_k))
-        dq += _dot((ds * slope).to(k.dtype), k, BF16_VIA_FP32)
+        dq += scale * _dot((ds * slope).to(k.dtype), k, BF16_VIA_FP32)
 
-    tl.store(DQ + (bh * seq_q + rows)[:, None] * head_dim + dims[None, :], (dq * scale).to(DQ.dtype.element_ty),
+    tl.store(DQ + (bh * seq_q + rows)[:, None] * head_dim + dims[None, :], dq.to(DQ.dtype.element_ty),
              mask=(rows[:, None] < seq_q) & (dims[None, :] < head_dim))
 
 

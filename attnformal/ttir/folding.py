@@ -18,7 +18,7 @@ import math
 
 import z3
 
-from attnformal.ttir.interpret import Unsupported
+from attnformal.ttir.interpret import OpNode, Unsupported
 
 
 class TreeTile:
@@ -52,6 +52,13 @@ class TreeTile:
     __mul__ = lambda self, other: self._binary(other, "arith.mulf")
     __rmul__ = lambda self, other: self._binary(other, "arith.mulf", swap=True)
     __truediv__ = lambda self, other: self._binary(other, "arith.divf")
+    __matmul__ = lambda self, other: Trees.matmul(self, other)
+
+    def swapaxes(self, first, second):
+        """The transpose of a tile's last two axes (the only swap the spec takes)."""
+        if sorted(a % len(self.shape) for a in (first, second)) != [len(self.shape) - 2, len(self.shape) - 1]:
+            raise Unsupported(f"swapaxes({first}, {second})", "the spec's tile")
+        return TreeTile(self.shape[:-2] + self.shape[:-3:-1], lambda lane: self.at(lane[:-2] + lane[:-3:-1]))
 
 
 def _broadcast_shape(a, b):
@@ -120,6 +127,29 @@ _UNARY = {"arith.negf": z3.fpNeg, "math.absf": z3.fpAbs, "math.sqrt": lambda x: 
 _UNINTERPRETED = ("math.exp", "math.exp2", "math.log", "math.log2")
 
 
+def unfused(tree):
+    """A ``dot`` with an accumulator ``c`` other than 0 read as ``c + dot(a, b, 0)``: Triton's combine pass folds
+    ``acc + tl.dot(a, b)`` into the dot's accumulator, and how a dot sums (where the accumulator enters included)
+    is not modelled either way."""
+    if tree[0] != "dot" or tree[3].at(tree[4]) == ("const", 0.0):
+        return tree
+    _, a, b, c, lane = tree
+    node = OpNode(("op", "arith.addf", c.at(lane), ("dot", a, b, TreeTile.of(0.0), lane)))
+    node.loc = getattr(tree, "loc", None)
+    return node
+
+
+def unmasked(tree, comparisons):
+    """The scores a mask's selects choose from: each select's branch that is not the ``-inf`` fill (of a select
+    between a masked and an unmasked tile, as a tile-class ``if`` makes, both branches, which must agree)."""
+    if tree[0] != "select":
+        return tree
+    kept = [unmasked(branch, comparisons) for branch in tree[2:4] if branch != ("const", -math.inf)]
+    if not kept or any(first_difference(kept[0], other, comparisons) for other in kept[1:]):
+        raise Unsupported("a select between two different score tiles", tree[4])
+    return kept[0]
+
+
 class IEEE:
     """Value trees as Z3 floating-point terms of one width (a conversion between widths is unsupported)."""
 
@@ -132,6 +162,7 @@ class IEEE:
         return z3.Function(name, *[z3.IntSort()] * len(lane), self.sort)(*lane)
 
     def value(self, tree):
+        tree = unfused(tree)
         kind = tree[0]
         if kind == "const":
             return z3.FPVal(tree[1], self.sort)
@@ -213,8 +244,9 @@ def _applications(cond, names):
 def first_difference(kernel, spec, comparisons, loc="the loop"):
     """Where the kernel's value tree first departs from the spec's (depth first): ``(source line, kernel
     node, spec node)``, or None when they agree node for node. Lines come from the kernel's nodes (an op's,
-    a select's, a load's), else from the nearest one around."""
-    kernel, spec = _as_comparison(kernel, comparisons), _as_comparison(spec, comparisons)
+    a select's, a load's), else from the nearest one around. Where one side applies an op the other does not
+    (the spec's ``ds * slope`` where the kernel has ``ds``), the node is the one whose operand the other side is."""
+    kernel, spec = unfused(_as_comparison(kernel, comparisons)), unfused(_as_comparison(spec, comparisons))
     here = getattr(kernel, "loc", None) or (kernel[4] if kernel[0] == "select" else None) or \
         (kernel[1].loc if kernel[0] == "load" else None)
     if here and here != loc.split(", an operand of the value at ")[0]:
@@ -223,8 +255,13 @@ def first_difference(kernel, spec, comparisons, loc="the loop"):
         return loc, kernel, spec
     for a, b in zip(_children(kernel), _children(spec)):
         a, b = _as_comparison(a, comparisons), _as_comparison(b, comparisons)
-        found = first_difference(a, b, comparisons, loc) if isinstance(a, tuple) and isinstance(b, tuple) else \
-            (None if _same_term(a, b) else (loc, kernel, spec))
+        if not (isinstance(a, tuple) and isinstance(b, tuple)):
+            if not _same_term(a, b):
+                return loc, kernel, spec
+            continue
+        found = first_difference(a, b, comparisons, loc)
+        if found and (first_difference(kernel, b, comparisons) is None or first_difference(a, spec, comparisons) is None):
+            return loc, kernel, spec  # one side's whole value is an operand of the other's: an op added or left out
         if found:
             return found
     return None
@@ -356,6 +393,7 @@ class Concrete:
 
     def value(self, tree):
         t, np = self.type, self.np
+        tree = unfused(tree)
         kind = tree[0]
         if kind == "const":
             return t(tree[1])

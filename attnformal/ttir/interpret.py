@@ -82,6 +82,7 @@ class Loop:
     path: list
     outer: Loop | None = None  # the scf.for around this one
     carried: list = field(default_factory=list)  # (initial, in-body placeholder, yielded) Tensor per iter_arg
+    results: list = field(default_factory=list)  # the loop's results after it: opaque, one per iter_arg
 
 
 @dataclass
@@ -532,7 +533,8 @@ def _store(interp, op, env, path):
 
 
 class OpNode(tuple):
-    """A float op's value tree ``("op", name, *operands)`` that also knows its source line (``.loc``)."""
+    """A float op's value tree ``("op", name, *operands)`` or ``("dot", a, b, c, lane)`` that also knows its source
+    line (``.loc``)."""
 
 
 def _float_op(arity):
@@ -580,7 +582,12 @@ def _compare_float(interp, op, env, path):
 def _dot(interp, op, env, path):
     a, b, c = (env[n] for n in _operands(op.body)[:3])
     shape, kind = _result_type(op)
-    return [Tensor(shape, kind, lambda lane: ("dot", a, b, c, lane))]
+
+    def at(lane):
+        node = OpNode(("dot", a, b, c, lane))
+        node.loc = op.loc
+        return node
+    return [Tensor(shape, kind, at)]
 
 
 @handles("tt.reduce")
@@ -627,8 +634,9 @@ def _for(interp, op, env, path):
     yielded = interp.block(op.regions[0].ops, body_env, inside)
     interp.loops.pop()
     loop.carried = [(env[init], body_env[name], out) for (name, init), out in zip(carried, yielded)]
-    return [Tensor(env[init].shape, env[init].kind, lambda lane, n=result: ("opaque", n, lane))
-            for (_, init), result in zip(carried, op.results)]
+    loop.results = [Tensor(env[init].shape, env[init].kind, lambda lane, n=result: ("opaque", n, lane))
+                    for (_, init), result in zip(carried, op.results)]
+    return loop.results
 
 
 def interpret(function: Function, prefix: str = "") -> Trace:

@@ -8,14 +8,17 @@ spec's own functions), and the compile-time configurations. The theorems hold th
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
 import z3
 
 from attnformal.masks import CAUSAL_MODES, MaskGeometry, key_interval, may_attend
+from attnformal.merge import SoftmaxState, block_state, merge
 from attnformal.schedule import FULL, PARTIAL, SKIP
 from attnformal.spec import kv_head_of
+from attnformal.tile import score_grads, softcap_slope
 
 INT32_MAX = 2 ** 31 - 1
 MAX_ELEMENTS = 2 ** 40  # more elements than any accelerator's memory holds
@@ -41,6 +44,21 @@ class TensorRole:
     contract: Callable | None = None
 
 
+@dataclass(frozen=True)
+class Fold:
+    """What a key loop carries and how one tile updates it, written with the spec's own functions (the merge
+    theorem holds the IR's update to ``update``, op for op)."""
+
+    carried: tuple[str, ...]  # the loop's carried values (in order, unless ``stored`` names them)
+    unit: tuple[float, ...]  # what they start from
+    update: Callable  # (state: a tile per carried value, theorems.LoopTiles, config) -> the spec's next state
+    says: str  # the update, for the report
+    scores: str = "row max"  # where the tile's scores s are read: the loop's "row max", or its "exp" (of s - shift)
+    # The tensor each carried value is stored to, where it is stored as it is (converted at most): the value is
+    # then the loop result that store writes, whatever the order a front end gives the loop's iter_args.
+    stored: tuple[str, ...] = ()
+
+
 @dataclass
 class LaunchDescription:
     kernel: str  # "module:attribute" of the @triton.jit function
@@ -64,8 +82,7 @@ class LaunchDescription:
     outer_loop: Callable | None = None  # sizes -> (lower, upper): the range a loop around the block loop must run
     entry: str = ""  # the module's protocol entry point that launches the kernel: a refutation's case replays there
     backward: bool = False  # the entry point launches it for gradients (a replay compares them too)
-    carried: tuple[str, ...] = ()  # the key loop's carried values in order, ("m", "l", "acc"): the merge theorem
-    values: str = "V"  # the tensor whose tile the state's acc weighs (block_state's v)
+    fold: Fold | None = None  # what the key loop carries and how a tile updates it: the merge theorem
 
 
 def _cdiv(a, b):
@@ -199,8 +216,18 @@ FORWARD = LaunchDescription(
     grid=_fwd_grid, program=_fwd_program, constraints=_fwd_constraints, preconditions=_fwd_preconditions,
     geometry=_geometry, key_loop=("KV_SPLITS", ("b", "bm", "split")), block=_blocks,
     pointer_types=_pointers("KV_SPLITS"), table_indices=_reads("KV_SPLITS", ("b", "bm", "split"), _key_tile),
-    carried=("m", "l", "acc"),
+    fold=Fold(("m", "l", "acc"), (-math.inf, 0.0, 0.0),
+              lambda state, tiles, config: merge(SoftmaxState(*state), block_state(tiles.s, tiles["V"])),
+              "merge(state, block_state(s, V))"),
 )
+
+
+def _tile_grads(tiles, config):
+    """The spec's gradients of a tile (:func:`~attnformal.tile.score_grads`) from the kernel's scores: SCALARS holds
+    ``(scale, softcap, 1 / (1 - p))``; the softcap's slope is the spec's, of the scores before their mask."""
+    slope = softcap_slope(tiles.capped, tiles.element("SCALARS", 1)) if config["HAS_SOFTCAP"] else None
+    return score_grads(tiles.s, slope, tiles["Q"], tiles["K"], tiles["V"], tiles["DO"], tiles["LSE"], tiles["DELTA"],
+                       scale=tiles.element("SCALARS", 0))
 
 
 def _dq_grid(s, config):
@@ -236,6 +263,8 @@ BACKWARD_DQ = LaunchDescription(
     grid=_dq_grid, program=_dq_program, constraints=_dq_constraints, preconditions=_fwd_preconditions,
     geometry=_geometry, key_loop=("KV_RANGES", ("b", "bm")), block=_blocks,
     pointer_types=_pointers("KV_RANGES"), table_indices=_reads("KV_RANGES", ("b", "bm"), _key_tile),
+    fold=Fold(("dq",), (0.0,), lambda state, tiles, config: (state[0] + _tile_grads(tiles, config)[0],),
+              "state + score_grads(s, slope, Q, K, V, DO, LSE, DELTA, scale)", scores="exp", stored=("DQ",)),
 )
 
 
@@ -287,6 +316,9 @@ BACKWARD_DKDV = LaunchDescription(
     geometry=_geometry, key_loop=("Q_RANGES", ("b", "bn")), block=_blocks,
     pointer_types=_pointers("Q_RANGES"), in_loop=_dkdv_in_loop, outer_loop=lambda s: (0, s["G"]),
     table_indices=_reads("Q_RANGES", ("b", "bn"), lambda program, iv: (program["b"], iv, program["bn"])),
+    fold=Fold(("dk", "dv"), (0.0, 0.0), lambda state, tiles, config: tuple(
+        x + dx for x, dx in zip(state, _tile_grads(tiles, config)[1:3])),
+        "state + score_grads(s, slope, Q, K, V, DO, LSE, DELTA, scale)", scores="exp", stored=("DK", "DV")),
 )
 
 LAUNCHES = {launch.kernel: launch for launch in (FORWARD, BACKWARD_DQ, BACKWARD_DKDV)}

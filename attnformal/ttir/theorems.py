@@ -36,8 +36,6 @@ import z3
 
 from attnformal.logic import (DEFAULT_WALL_S, PROVED, REFUTED, RLIMIT_UNIT, UNKNOWN, VACUOUS, Budget, Proof,
                               TermIndex)
-from attnformal.merge import SoftmaxState, block_state
-from attnformal.merge import merge as spec_merge
 from attnformal.ttir import folding
 from attnformal.ttir.interpret import Tensor, Unsupported, interpret
 from attnformal.ttir.launch import LaunchDescription, TensorRole
@@ -490,43 +488,142 @@ def _tile_row(setting, element):
 
 
 def merge(setting, limits):
-    """The loop carrying the launch's state starts from merge's unit and folds each tile with the spec's
-    ``merge(state, block_state(s, v))``, op for op in the IR's IEEE arithmetic (:mod:`attnformal.ttir.folding`);
-    ``s``: the scores reaching the loop's row max, ``v``: its load of the launch's value tensor."""
-    names = setting.launch.carried
-    if not names:
+    """The key loop carrying the launch's state (:class:`~attnformal.ttir.launch.Fold`) starts from its unit (a loop
+    around it, from the unit and through it) and each iteration yields the spec's update of the state by the tile,
+    op for op in the IR's IEEE arithmetic (:mod:`attnformal.ttir.folding`): ``merge(state, block_state(s, v))`` in
+    the forward, ``state + score_grads(s, ...)`` in the backward."""
+    fold = setting.launch.fold
+    if fold is None:
         return
-    loops = [loop for loop in setting.trace.loops if len(loop.carried) == len(names) and _row_max(setting, loop)]
+    names = ", ".join(fold.carried)
+    loops = [(loop, found[0]) for loop in setting.trace.loops if len(loop.carried) == len(fold.carried)
+             for found in [_fold_scores(setting, loop, fold.scores)] if len(found) == 1]
     if len(loops) != 1:
-        yield Proof(f"merge: a key loop carrying ({', '.join(names)})", TOOL, UNKNOWN,
-                    detail=f"{len(loops)} loops carry {len(names)} values and take a row max")
+        yield Proof(f"merge: a key loop carrying ({names})", TOOL, UNKNOWN,
+                    detail=f"{len(loops)} loops carry {len(fold.carried)} values and hold one {fold.scores}")
         return
-    loop, = loops
-    maxima = _row_max(setting, loop)
-    values = [a for a in setting.trace.accesses
-              if a.op == "load" and a.arg == setting.launch.values and a.loop is loop]
-    if len(values) != 1 or len(maxima) != 1:
-        yield Proof(f"merge: the loop at {loop.loc}", TOOL, UNKNOWN,
-                    detail=f"{len(values)} loads of {setting.launch.values} and {len(maxima)} row maxima in it")
+    (loop, (scores, scores_at)), = loops
+    chain = [loop, *(o for o in _outer_loops(loop) if len(o.carried) == len(fold.carried))]
+    first = chain[-1]
+    order, stores = _stored_order(setting, first, fold)
+    if order is None:
+        yield Proof(f"merge: the loop at {first.loc} carries ({names})", TOOL, UNKNOWN, detail=stores)
         return
-    (scores, max_at), = maxima
+    carried = {id(each): [each.carried[p] for p in order] for each in chain}
+    results = {id(each): [each.results[p] for p in order] for each in chain}
+    tiles = LoopTiles(setting, loop, scores)
+    try:
+        want = fold.update(tuple(folding.TreeTile.rows(placeholder) for _, placeholder, _ in carried[id(loop)]), tiles,
+                           setting.config)
+    except Unsupported as why:
+        yield Proof(f"merge: the loop at {loop.loc}", TOOL, UNKNOWN, detail=str(why))
+        return
     ieee = folding.IEEE(setting.trace, loop.carried[0][0].kind.width)
-    inside = [z3.And(loop.lower <= loop.iv, loop.iv < loop.upper), *loop.path]
-    units = [-math.inf, 0.0, 0.0]
     probe = tuple(z3.IntVal(0) for _ in loop.carried[0][1].shape)
-    floats = [a for a in setting.trace.accesses if a.op == "load" and a.loop is loop and a.value.kind.name == "float"]
-    search = (loop, floats, {placeholder.at(probe[:len(placeholder.shape)])[1]: unit
-                             for (_, placeholder, _), unit in zip(loop.carried, units)})
-    yield _decide_lanes(f"merge: the loop at {loop.loc} starts from merge's unit ({', '.join(names)}) = (-inf, 0, 0)",
-                        [initial for initial, _, _ in loop.carried], units, ieee, loop.path, setting, limits, search,
-                        where=f"the values entering the loop at {loop.loc}")
-    state = SoftmaxState(*(folding.TreeTile.rows(placeholder) for _, placeholder, _ in loop.carried))
-    want = spec_merge(state, block_state(folding.TreeTile.rows(scores), folding.TreeTile.rows(values[0].value)))
-    for name, (_, _, yielded), expected in zip(names, loop.carried, want):
-        yield _decide_lanes(f"merge: {name} after an iteration of the loop at {loop.loc} is merge(state, "
-                            f"block_state(s, v)).{name}, op for op (s: the scores reaching the row max at {max_at}, "
-                            f"v: the {setting.launch.values} load at {values[0].loc})",
-                            [yielded], [expected], ieee, inside, setting, limits, search)
+    loads = [a for a in setting.trace.accesses if a.op == "load" and a.loop is loop] + tiles.read
+    search = (loop, [a for a in {id(a): a for a in loads}.values() if a.value.kind.name == "float"],  # each one's -inf is tried
+              {placeholder.at(probe[:len(placeholder.shape)])[1]: unit
+               for each in chain for (_, placeholder, _), unit in zip(carried[id(each)], fold.unit)})
+    yield _decide_lanes(f"merge: the loop at {first.loc} starts from the unit ({names}) = "
+                        f"({', '.join(f'{u:g}' for u in fold.unit)})",
+                        [initial for initial, _, _ in carried[id(first)]], list(fold.unit), ieee, first.path, setting,
+                        limits, search, where=f"the values entering the loop at {first.loc}")
+    for inner, outer in zip(chain, chain[1:]):
+        yield _decide_lanes(f"merge: the loop at {outer.loc} carries ({names}) through the loop at {inner.loc} (which "
+                            "starts from them and whose results it yields)",
+                            [initial for initial, _, _ in carried[id(inner)]] + [out for _, _, out in carried[id(outer)]],
+                            [folding.TreeTile.rows(t) for _, t, _ in carried[id(outer)]]
+                            + [folding.TreeTile.rows(t) for t in results[id(inner)]],
+                            ieee, _iterating(outer), setting, limits, search, where=f"the loop at {outer.loc}")
+    reads = ", ".join(f"{a.arg} at {a.loc}" for a in tiles.read)
+    for name, stored, (_, _, yielded), expected in zip(fold.carried, stores, carried[id(loop)], want):
+        yield _decide_lanes(f"merge: {name}{stored} after an iteration of the loop at {loop.loc} is {fold.says}.{name}, "
+                            f"op for op (s: the scores {scores_at}; reads {reads})",
+                            [yielded], [expected], ieee, _iterating(loop), setting, limits, search)
+
+
+def _stored_order(setting, loop, fold):
+    """``(positions, says)``: where each of ``fold.carried`` sits among ``loop``'s iter_args, and what the report
+    says of it. Where the launch names the tensors they are stored to (``Fold.stored``), the value is the result
+    of ``loop`` that tensor's store writes, converted at most (front ends order iter_args differently:
+    triton-ascend's puts dK/dV's sums in the order the body assigns them); else they are in order.
+    ``(None, why)`` where a store writes no one result of the loop."""
+    if not fold.stored:
+        return list(range(len(fold.carried))), [""] * len(fold.carried)
+    positions, says = [], []
+    for tensor in fold.stored:
+        stores = [a for a in setting.trace.accesses if a.op == "store" and a.arg == tensor]
+        written = {(p, a.loc) for a in stores for p, result in enumerate(loop.results)
+                   if _writes(a.value, result)}
+        if len(stores) != 1 or len(written) != 1:
+            return None, (f"{len(stores)} stores of {tensor}, writing {len(written)} of the results of the loop at "
+                          f"{loop.loc} (as they are or converted); the launch says one store writes one")
+        (position, loc), = written
+        positions.append(position)
+        says.append(f" (stored to {tensor} at {loc})")
+    return positions, says
+
+
+def _writes(value, result):
+    """Whether every lane of a stored ``value`` is that lane of ``result`` (an opaque loop result), converted at
+    most."""
+    if value.shape != result.shape:
+        return False
+    lane = tuple(z3.Int(f"lane_{k}") for k in range(len(value.shape)))
+    node, want = value.at(lane), result.at(lane)
+    while node[0] == "op" and node[1] in ("arith.truncf", "arith.extf"):
+        node = node[2]
+    return (node[0] == "opaque" and node[1] == want[1]
+            and all(z3.simplify(a == b).eq(z3.BoolVal(True)) for a, b in zip(node[2], want[2])))
+
+
+def _iterating(loop):
+    return [z3.And(loop.lower <= loop.iv, loop.iv < loop.upper), *loop.path]
+
+
+def _fold_scores(setting, loop, where):
+    """``[(scores, where they are read)]`` in ``loop``: the tiles reaching its row max (``"row max"``), or those its
+    ``exp(s - shift)`` weighs (``"exp"``)."""
+    if where == "row max":
+        return [(source, f"reaching the row max at {loc}") for source, loc in _row_max(setting, loop)]
+    return [(scores, f"weighed by the exp at {loc}") for scores, loc, at in
+            ((_shifted_scores(source), loc, at) for source, loc, at in setting.trace.exponentials)
+            if at is loop and scores is not None]
+
+
+class LoopTiles:
+    """What a fold reads in one loop, as tiles of value trees (:class:`folding.TreeTile`; a row vector as ``[n, 1]``):
+    the scores ``s``, the scores before their mask (``capped``), a tensor's tile (``tiles["V"]``: its one load in the
+    loop, else in the innermost loop around it, else outside every loop) and a table's element
+    (``tiles.element("SCALARS", 1)``). ``read`` lists the loads taken."""
+
+    def __init__(self, setting, loop, scores):
+        self.setting, self.loop, self.read = setting, loop, []
+        self.s = folding.TreeTile.rows(scores)
+
+    def __getitem__(self, tensor):
+        loads = [a for a in self.setting.trace.accesses if a.op == "load" and a.arg == tensor]
+        for scope in (self.loop, *_outer_loops(self.loop), None):
+            here = [a for a in loads if a.loop is scope]
+            if len(here) > 1:
+                raise Unsupported(f"{len(here)} loads of {tensor} ({', '.join(a.loc for a in here)})", self.loop.loc)
+            if here:
+                self.read.append(here[0])
+                return folding.TreeTile.rows(here[0].value)
+        raise Unsupported(f"a fold reading {tensor}, which the kernel does not load", self.loop.loc)
+
+    def element(self, tensor, offset):
+        loads = [a for a in self.setting.trace.accesses if a.op == "load" and a.arg == tensor and not a.ptr.shape
+                 and z3.simplify(a.ptr.at(()).offset).eq(z3.IntVal(offset))]
+        if len(loads) != 1:
+            raise Unsupported(f"{len(loads)} loads of {tensor}[{offset}]", self.loop.loc)
+        self.read.append(loads[0])
+        return folding.TreeTile((), lambda lane: loads[0].value.at(()))
+
+    @property
+    def capped(self):
+        comparisons = self.setting.trace.comparisons
+        return folding.TreeTile(self.s.shape, lambda lane: folding.unmasked(self.s.at(lane), comparisons))
 
 
 def _row_max(setting, loop):
@@ -551,11 +648,11 @@ def _decide_lanes(claim, tensors, expected, ieee, hypotheses, setting, limits, s
             ranges += in_range
             lanes += lane
             shown += _lane_shown(lane, f"lane{k}")
+        found = next(filter(None, (folding.first_difference(*pair, setting.trace.comparisons, where)
+                                   for pair in trees)), None)
     except Unsupported as why:
         return Proof(claim, TOOL, UNKNOWN, detail=str(why))
     context = _table_context(setting, search[0])
-    found = next(filter(None, (folding.first_difference(*pair, setting.trace.comparisons, where)
-                               for pair in trees)), None)
     if found is None:
         return decide(claim, ranges + hypotheses, z3.And(goals), setting, limits, shown, context=context)
     loc, kernel, spec = found

@@ -151,6 +151,15 @@ DQ_PLANTED = [
     ("dQ: tail rows stored past the end", _plant("mask=(rows[:, None] < seq_q) & (dims[None, :] < head_dim))",
                                                   "mask=dims[None, :] < head_dim)", function=DQ),
      "address", "address: store of DQ", (DQ, "tl.store(DQ", 0), NOT_CAUSAL),
+    # the merge theorem holds each loop's gradient sums to the spec's state + score_grads(s, ...), op for op
+    ("dQ: dS with delta added", _plant("ds = p * (dp - delta[:, None])", "ds = p * (dp + delta[:, None])",
+                                      anywhere=True),
+     "merge", "merge: dq (stored to ", ("_tile_grads", "ds = p * (dp", 0), NOT_CAUSAL),
+    ("dQ: P without the empty-row shift guard", _plant("tl.exp(s - _finite_shift(lse)[:, None])",
+                                                       "tl.exp(s - lse[:, None])", anywhere=True),
+     "merge", "merge: dq (stored to ", ("_tile_grads", "p = tl.exp(s -", 0), NOT_CAUSAL),
+    ("dQ: the scale left out of a tile's sum", _plant("dq += scale * _dot(", "dq += _dot(", function=DQ),
+     "merge", "merge: dq (stored to ", (DQ, "dq += _dot(", 0), NOT_CAUSAL),
 ]
 DKDV_PLANTED = [
     ("dK/dV: one query head of the group missed", _plant("for g in range(group):", "for g in range(group - 1):",
@@ -168,6 +177,19 @@ DKDV_PLANTED = [
     ("dK/dV: DK stored past the last key", _plant("mask=in_cols & (dims[None, :] < head_dim))",
                                                   "mask=dims[None, :] < head_dim)", function=DKDV),
      "address", "address: store of DK", (DKDV, "tl.store(DK", 0), NOT_CAUSAL),
+    ("dK/dV: dV weighted by dS instead of P", _plant("tl.trans(p_kept.to(do.dtype))", "tl.trans(ds.to(do.dtype))",
+                                                     function=DKDV),
+     "merge", "merge: dv (stored to ", (DKDV, "tl.trans(ds.to(do.dtype))", 0), NOT_CAUSAL),
+    ("dK/dV: the softcap's slope left out of dK", _plant("tl.trans((ds * slope).to(q.dtype))",
+                                                         "tl.trans(ds.to(q.dtype))", function=DKDV),
+     "merge", "merge: dk (stored to ", (DKDV, "dk += scale", 0), SOFTCAP),
+    ("dK/dV: the sums restarted for each query head", _plant("        h = first_head + g\n",
+                                                             "        h = first_head + g\n"
+                                                             "        dk = tl.zeros([BLOCK_N, BLOCK_D], LSE.dtype.element_ty)\n",
+                                                             function=DKDV),
+     "merge", "merge: the loop at", (DKDV, "for g in range(", 0), NOT_CAUSAL),
+    ("dK/dV: DK stores the dV sum", _plant("dk.to(DK.dtype.element_ty)", "dv.to(DK.dtype.element_ty)", function=DKDV),
+     "merge", "merge: dk (stored to DK", (DKDV, "tl.store(DK", 0), NOT_CAUSAL),
 ]
 PLANTED = [(*planted, "_attn_fwd") for planted in FORWARD_PLANTED] + [(*planted, DQ) for planted in DQ_PLANTED] \
     + [(*planted, DKDV) for planted in DKDV_PLANTED]
@@ -189,18 +211,22 @@ def test_shipped_forward_is_proved_for_all_shapes(config):
 
 @pytest.mark.parametrize("config", range(6), ids=[f"{causal}{softcap}" for softcap in ("", ", softcap")
                                                    for causal in ("not causal", "top-left", "bottom-right")])
-@pytest.mark.parametrize("function, count, table", [(DQ, 77, "KV_RANGES[b, bm, 0:2]"),
-                                                     (DKDV, 89, "Q_RANGES[b, bn, 0:2]")])
-def test_shipped_backward_is_proved_for_all_shapes(config, function, count, table):
+@pytest.mark.parametrize("function, count, table, sums", [(DQ, 79, "KV_RANGES[b, bm, 0:2]", ("dq",)),
+                                                           (DKDV, 93, "Q_RANGES[b, bn, 0:2]", ("dk", "dv"))])
+def test_shipped_backward_is_proved_for_all_shapes(config, function, count, table, sums):
     """The dQ and dK/dV kernels, each shipped configuration: the forward's theorems over Q, DO, LSE, DELTA, K, V and
     the stores; masking at the exp that weighs the scores by the saved lse (the backward has no row max); dK/dV's
-    loop over the query heads of its group runs over exactly [0, G)."""
-    proofs = _prove("no-wrap,address,bounds,masking,coverage,writes", config=config, function=function)
+    loop over the query heads of its group runs over exactly [0, G); each gradient sum starts from 0 and adds the
+    spec's score_grads of each tile (dK/dV's head loop carries them through its query-block loop)."""
+    proofs = _prove("no-wrap,address,bounds,masking,coverage,writes,merge", config=config, function=function)
     assert len(proofs) == count + 2 * (config >= SOFTCAP) and all(status == "proved" for status, _, _ in proofs), \
         [p for p in proofs if p[0] != "proved"]
     assert any(claim.startswith("masking: scores weighed by the exp") for _, claim, _ in proofs)
     assert any(claim.startswith("coverage: the block loop") and table in claim for _, claim, _ in proofs)
     assert (function == DKDV) == any("runs over [0, G)" in claim for _, claim, _ in proofs)
+    assert [name for name in sums if any(claim.startswith(f"merge: {name} (stored to {name.upper()} at ")
+                                         and "score_grads" in claim
+                                         for _, claim, _ in proofs)] == list(sums)
 
 
 @pytest.mark.parametrize("name, edit, theorem, prefix, marker, config, function", PLANTED,
@@ -212,8 +238,9 @@ def test_planted_bug_is_refuted_with_its_line(tmp_path, name, edit, theorem, pre
     proofs = _prove(theorem, f"{path}:{function}", config, function)
     lines = _statement_lines(text, _line_of(text, marker))
     refuted = [(claim, detail) for status, claim, detail in proofs if status == "refuted" and claim.startswith(prefix)]
-    assert any(f"planted_flash.py:{line}" in claim or f"line {line}" in claim
-               or (theorem == "merge" and detail.startswith(f"first difference at planted_flash.py:{line}"))
-               for claim, detail in refuted for line in lines), (lines, proofs)
+    # a claim names the line; a merge refutation names it where its trees first differ (or a call on the way there)
+    named = [claim + (detail.split(": the kernel computes")[0] if theorem == "merge" else "") for claim, detail in refuted]
+    assert any(re.search(rf"(planted_flash\.py:|line ){line}\b", text) for text in named for line in lines), \
+        (lines, proofs)
     if name == "finite -1e6 fill":
         assert all("-1e+06 is finite" in detail for _, detail in refuted)

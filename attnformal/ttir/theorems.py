@@ -330,7 +330,8 @@ def coverage(setting, limits):
     wanted = z3.If(z3.And(ends[0] <= block, block < ends[1]), 1, 0)
     where = ", ".join(loop.loc for loop in loops)
     outer = {id(o): o for loop in loops for o in _outer_loops(loop)}.values()  # in each of their iterations
-    yield decide(f"coverage: the block loop{'s' if len(loops) > 1 else ''} at {where} visit each block of "
+    yield decide(f"coverage: the block {'loops' if len(loops) > 1 else 'loop'} at {where} "
+                 f"{'visit' if len(loops) > 1 else 'visits'} each block of "
                  f"{table}[{', '.join(coordinates)}, 0:2] once, no other",
                  [z3.And(o.lower <= o.iv, o.iv < o.upper, *o.path) for o in outer], visits == wanted, setting, limits,
                  [("block", block), ("visits", visits), ("table start", ends[0]), ("table end", ends[1])]

@@ -400,7 +400,7 @@ def _masking_at(setting, source, what, loop, limits):
                                                                                          setting.config)))
     masked_at = f" (masked at {', '.join(dict.fromkeys(selects))})" if selects else " (no mask)"
     proof = decide(f"masking: {what} are -inf unless may_attend(i, j){masked_at}",
-                   ranges + facts + [z3.And(loop.lower <= loop.iv, loop.iv < loop.upper)] + loop.path,
+                   ranges + facts + _iterating(loop),
                    goal, setting, limits, _lane_shown(lane) + [("i", i), ("j", j), ("score kept", score)],
                    context=_masking_context(setting, i, j, loop))
     finite = [v for v in fills if v != -math.inf]
@@ -554,14 +554,12 @@ def _stored_order(setting, loop, fold):
     positions, says = [], []
     for tensor in fold.stored:
         stores = [a for a in setting.trace.accesses if a.op == "store" and a.arg == tensor]
-        written = {(p, a.loc) for a in stores for p, result in enumerate(loop.results)
-                   if _writes(a.value, result)}
-        if len(stores) != 1 or len(written) != 1:
+        written = [p for p, result in enumerate(loop.results) if len(stores) == 1 and _writes(stores[0].value, result)]
+        if len(written) != 1:
             return None, (f"{len(stores)} stores of {tensor}, writing {len(written)} of the results of the loop at "
                           f"{loop.loc} (as they are or converted); the launch says one store writes one")
-        (position, loc), = written
-        positions.append(position)
-        says.append(f" (stored to {tensor} at {loc})")
+        positions.append(written[0])
+        says.append(f" (stored to {tensor} at {stores[0].loc})")
     return positions, says
 
 
@@ -575,7 +573,7 @@ def _writes(value, result):
     while node[0] == "op" and node[1] in ("arith.truncf", "arith.extf"):
         node = node[2]
     return (node[0] == "opaque" and node[1] == want[1]
-            and all(z3.simplify(a == b).eq(z3.BoolVal(True)) for a, b in zip(node[2], want[2])))
+            and all(z3.is_true(z3.simplify(a == b)) for a, b in zip(node[2], want[2])))
 
 
 def _iterating(loop):

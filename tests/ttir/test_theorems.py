@@ -244,3 +244,14 @@ def test_planted_bug_is_refuted_with_its_line(tmp_path, name, edit, theorem, pre
         (lines, proofs)
     if name == "finite -1e6 fill":
         assert all("-1e+06 is finite" in detail for _, detail in refuted)
+
+
+def test_a_sum_stored_other_than_as_a_loop_result_leaves_the_merge_unknown(tmp_path):
+    """Each backward sum is bound to the loop result its store writes; DK storing ``2 * dk`` writes none of them, so
+    the merge theorem is unknown (never proved, and not refuted against a value picked by position)."""
+    text = _plant("dk.to(DK.dtype.element_ty)", "(2.0 * dk).to(DK.dtype.element_ty)", function=DKDV)(SOURCE.read_text())
+    path = tmp_path / "planted_flash.py"
+    path.write_text(text)
+    proofs = _prove("merge", f"{path}:{DKDV}", NOT_CAUSAL, DKDV)
+    assert [status for status, _, _ in proofs] == ["unknown"], proofs
+    assert "1 stores of DK, writing 0 of the results" in proofs[0][2]

@@ -53,11 +53,10 @@ def prove_triton(target: str, limits: Limits = Limits(), out=sys.stdout, repro_d
 
 
 def refutation_case(proof, launch, config, target: str, folders, number: int = 0, seed: int = 0) -> str:
-    """The battery case of a refutation's launch (its lengths, head counts and dims; the configuration's causal
-    mode and softcap), written for the module's entry point; the replay command, or why there is none."""
+    """The battery case of a refutation's launch (its lengths, head counts and dims; the causal mode the launch
+    holds the configuration to, and its softcap), written for the module's entry point; the replay command, or why there is none."""
     import torch
 
-    from attnformal.masks import CAUSAL_MODES
     from attnformal.verify.cases import random_case, shape
     from attnformal.verify.replay import write_reproducer
 
@@ -70,7 +69,8 @@ def refutation_case(proof, launch, config, target: str, folders, number: int = 0
         return f"no case: the launch is too large to replay ({b}x{hq}x{sq}x{sk} scores)"
     where, _, kernel = target.rpartition(":")
     impl = f"{where}:{launch.entry}"
-    kwargs = {"causal": CAUSAL_MODES[config["CAUSAL"]], "softcap": 4.0 if config.get("HAS_SOFTCAP") else None}
+    kwargs = {"causal": launch.geometry({"Sq": sq, "Sk": sk}, config).causal,  # the mode the launch holds it to
+              "softcap": 4.0 if config.get("HAS_SOFTCAP") else None}
     case = random_case(f"ttir-{kernel}", shape(batch=b, heads_q=hq, heads_kv=hkv, len_q=sq, len_k=sk, head_dim=d,
                                                head_dim_v=dv), torch.float32, "cpu", seed, grad=launch.backward,
                        **kwargs)

@@ -14,8 +14,8 @@ index maps and a whole tile is one symbolic lane. Elements are:
   value ops over the tensors they read; a ``select`` its source line), enough to say which scores
   a ``select`` lets through and where.
 
-``scf.for`` runs its body once with a fresh induction variable constrained to the loop range
-(an arbitrary iteration); its floating-point carried values are opaque there and after it.
+``scf.for`` runs its body once with a fresh induction variable constrained to the loop range and its
+constant step (an arbitrary iteration); its floating-point carried values are opaque there and after it.
 Loads and stores are recorded as :class:`Access` with their mask and path condition. An op or a
 form without a handler raises :class:`Unsupported` naming the op and its source line: the
 theorems then report *unknown*, never proved.
@@ -83,6 +83,12 @@ class Loop:
     outer: Loop | None = None  # the scf.for around this one
     carried: list = field(default_factory=list)  # (initial, in-body placeholder, yielded) Tensor per iter_arg
     results: list = field(default_factory=list)  # the loop's results after it: opaque, one per iter_arg
+    step: int = 1  # a positive constant (``range(0, end, BLOCK_N)`` steps by the block)
+
+    def iteration(self, value):
+        """Whether ``value`` is the induction variable of one of the loop's iterations."""
+        inside = z3.And(self.lower <= value, value < self.upper)
+        return inside if self.step == 1 else z3.And(inside, (value - self.lower) % self.step == 0)
 
 
 @dataclass
@@ -616,11 +622,11 @@ _FOR = re.compile(r'^(%[\w$.#-]+) = (%[\w$.#-]+) to (%[\w$.#-]+) step (%[\w$.#-]
 def _for(interp, op, env, path):
     match = _FOR.match(op.body)
     iv_name, lower, upper, step = match.group(1), *(env[n].at(()) for n in match.groups()[1:4])
-    if not (z3.is_int_value(z3.simplify(step)) and z3.simplify(step).as_long() == 1):
-        raise Unsupported("scf.for with a step other than 1", op.loc)
+    if not (z3.is_int_value(z3.simplify(step)) and z3.simplify(step).as_long() >= 1):
+        raise Unsupported("scf.for with a step that is not a positive constant", op.loc)
     iv = interp.fresh("iv")
-    inside = path + [lower <= iv, iv < upper]
-    loop = Loop(iv, lower, upper, op.loc, list(path), interp.loop())
+    loop = Loop(iv, lower, upper, op.loc, list(path), interp.loop(), step=z3.simplify(step).as_long())
+    inside = path + [loop.iteration(iv)]
     interp.trace.loops.append(loop)
     body_env = dict(env)
     body_env[iv_name] = _scalar(Kind("int", 32), iv)

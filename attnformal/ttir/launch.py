@@ -8,6 +8,7 @@ spec's own functions), and the compile-time configurations. The theorems hold th
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -31,7 +32,8 @@ class TensorRole:
     ``program`` names, per axis, the program coordinate that axis must equal (``"b"``, ``"h"``,
     ``"kv_head"``, ``"split"``); ``seq`` is the sequence axis, tiled as ``tile`` says (``"query"``: rows
     ``bm * BLOCK_M + lane``; ``"key"``: rows ``bn * BLOCK_N + lane`` of the key loop's iteration ``bn``);
-    ``feature`` the axis indexed by the tile's last lane dimension. A *table* has
+    ``feature`` the axis indexed by the tile's last lane dimension. ``strides``: per axis, the size (a name) or the
+    constant its index is multiplied by (None: contiguous, row-major). A *table* has
     ``contract(index, value, sizes, config, context)``: what its entries hold.
     """
 
@@ -42,6 +44,7 @@ class TensorRole:
     tile: str | None = None
     output: bool = False
     contract: Callable | None = None
+    strides: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -71,18 +74,24 @@ class LaunchDescription:
     constraints: Callable  # (sizes, config) -> Z3 facts every launch satisfies
     preconditions: Callable  # (sizes, config) -> (name, fact) the host must ensure; reported as assumed
     geometry: Callable  # (sizes, config) -> MaskGeometry on Z3 terms (the spec's index mask)
-    key_loop: tuple[str, tuple[str, ...]]  # (table, program coordinates): the key loop runs over
-    # table[coordinates..., 0] <= block < table[coordinates..., 1]
+    key_loop: tuple[str, tuple[str, ...]] | None  # (table, program coordinates): the key loop runs over
+    # table[coordinates..., 0] <= block < table[coordinates..., 1]; None: over the blocks of the keys the spec allows
     block: Callable  # config -> (rows per query block, keys per key block)
-    pointer_types: dict = field(default_factory=dict)  # pointer parameter -> Triton type ("*i32"); else *fp32
+    pointer_types: dict = field(default_factory=dict)  # parameter -> Triton type ("*i32", "fp32") where not the
+    # default (*fp32 for an upper-case name, else i32)
     table_indices: Callable = lambda program, iv: {}  # (program coordinates, key loop iv or None) -> the
     # entries each table is read at: {table: [index, ...]} (where its contract is instantiated)
-    in_loop: Callable = lambda sizes, config, program, loop: {"bn": loop.iv}  # (sizes, config, program, the
-    # innermost loop around an access) -> the coordinates an iteration stands for (default: key block bn)
+    in_loop: Callable | None = None  # (sizes, config, program, the innermost loop around an access) -> the
+    # coordinates an iteration stands for (None: key block bn = iv / key_step)
+    key_step: Callable = lambda config: 1  # config -> what the key loop's induction variable advances per key block
     outer_loop: Callable | None = None  # sizes -> (lower, upper): the range a loop around the block loop must run
     entry: str = ""  # the module's protocol entry point that launches the kernel: a refutation's case replays there
     backward: bool = False  # the entry point launches it for gradients (a replay compares them too)
-    fold: Fold | None = None  # what the key loop carries and how a tile updates it: the merge theorem
+    fold: Fold | str | None = None  # what the key loop carries and how a tile updates it (the merge theorem), or
+    # why the launch states no merge theorem (reported as unknown)
+    positive: frozenset = frozenset()  # float parameters the host passes positive (the softmax scale)
+    cases: Callable | None = None  # (sizes, config) -> [(name, fact)]: alternatives one of which every launch meets
+    # (an output's dense stride orders); a writes theorem is decided in each (one nonlinear disjunction is slow)
 
 
 def _cdiv(a, b):
@@ -321,4 +330,91 @@ BACKWARD_DKDV = LaunchDescription(
         "state + score_grads(s, slope, Q, K, V, DO, LSE, DELTA, scale)", scores="exp", stored=("DK", "DV")),
 )
 
-LAUNCHES = {launch.kernel: launch for launch in (FORWARD, BACKWARD_DQ, BACKWARD_DKDV)}
+
+# ------------------------------------------------------------------------ third-party kernels (docs/ttir.md)
+
+def _flash_constraints(s, config):
+    """``_flash_attn_forward``'s launch: q, k, v ``[B, S, H, D]`` with any strides and ``stride(-1) == 1``
+    (``FlashAttnFunc`` makes it so), out ``empty_like(q)`` (dense: row-major over some order of its first three
+    axes), lse and the scratch TMP ``[B, H, SqR]`` contiguous; EVEN_M, EVEN_N, EVEN_HEADDIM as its heuristics."""
+    lengths = [s[n] for n in ("B", "Hq", "Sq", "Sk", "D")]
+    strides = [s[n] for n in s if n.startswith("stride")]
+    block_m, block_n, block_d = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_HEADDIM"]
+    facts = [n >= 1 for n in lengths] + [t >= 0 for t in strides] + [s[n] <= INT32_MAX for n in s]
+    facts += [s["Hkv"] == s["Hq"], s["Dv"] == s["D"], s["SqR"] == _cdiv(s["Sq"], 128) * 128,
+              s["B"] * s["Hq"] <= 65535,  # CUDA's grid y limit
+              (s["Sq"] % block_m == 0) == config["EVEN_M"], (s["Sk"] % block_n == 0) == config["EVEN_N"],
+              (s["D"] == block_d) == config["EVEN_HEADDIM"], block_d / 2 < s["D"], s["D"] <= block_d]
+    facts.append(z3.Or([fact for _, fact in _flash_out_orders(s)]))
+    spans = [1 + sum((n - 1) * s[f"stride_{t}{a}"] for n, a in zip((s["B"], s["Hq"], length), "bh" + row)) + s["D"] - 1
+             for t, length, row in (("q", s["Sq"], "m"), ("k", s["Sk"], "n"), ("v", s["Sk"], "n"))]
+    return facts + [n <= MAX_ELEMENTS for n in spans + [s["B"] * s["Hq"] * s["SqR"]]]
+
+
+def _flash_out_orders(s, config=None):
+    """``empty_like(q)``'s strides: row-major over one order of (B, Sq, H), the head dim innermost; one case each."""
+    axes = [("stride_ob", "B"), ("stride_om", "Sq"), ("stride_oh", "H")]
+    cases = []
+    for order in itertools.permutations(axes):  # innermost first, after the head dim
+        extent, each = s["D"], []
+        for stride, n in order:
+            each.append(s[stride] == extent)
+            extent = extent * s["Hq" if n == "H" else n]
+        cases.append((f"out row-major over ({', '.join(n for _, n in reversed(order))}, D)", z3.And(each)))
+    return cases
+
+
+def _flash_program(s, config, pids, fresh):
+    """Axis x: query block ``start_m``; y: ``off_hb = b * nheads + h``; one KV head per query head."""
+    b, h = pids[1] / s["Hq"], pids[1] % s["Hq"]
+    return {"bm": pids[0], "b": b, "h": h, "kv_head": h}, []
+
+
+def _flash_rows(dims, strides, tile, output=False):
+    return TensorRole(dims, program={0: "b", 2: "h"}, seq=1, feature=3, tile=tile, output=output, strides=strides)
+
+
+def _flash_row_table():
+    return TensorRole(("B", "Hq", "SqR"), program={0: "b", 1: "h"}, seq=2, tile="query", output=True)
+
+
+_FLASH_STRIDES = tuple(f"stride_{t}{a}" for t, row in (("q", "m"), ("k", "n"), ("v", "n"), ("o", "m")) for a in "bh" + row)
+
+
+def _flash_attn_triton(causal):
+    """flash_attn_triton's ``_fwd_kernel`` (examples/flash_attn_triton.py) as ``_flash_attn_forward`` launches it,
+    its ``IS_CAUSAL`` read as the causal mode ``causal``."""
+    rows = ("B", "Sq", "Hq", "D")
+    return LaunchDescription(
+        kernel="examples.flash_attn_triton:_fwd_kernel", entry="attention",
+        sizes=("B", "Hq", "Hkv", "Sq", "Sk", "D", "Dv", "SqR", *_FLASH_STRIDES),
+        arguments=dict(nheads="Hq", seqlen_q="Sq", seqlen_k="Sk", seqlen_q_rounded="SqR", headdim="D",
+                       **{name: name for name in _FLASH_STRIDES}),
+        tensors=dict(Q=_flash_rows(rows, ("stride_qb", "stride_qm", "stride_qh", 1), "query"),
+                     K=_flash_rows(("B", "Sk", "Hkv", "D"), ("stride_kb", "stride_kn", "stride_kh", 1), "key"),
+                     V=_flash_rows(("B", "Sk", "Hkv", "D"), ("stride_vb", "stride_vn", "stride_vh", 1), "key"),
+                     Out=_flash_rows(rows, ("stride_ob", "stride_om", "stride_oh", 1), "query", output=True),
+                     Lse=_flash_row_table(), TMP=_flash_row_table()),  # TMP: a scratch row per program, raced on if shared
+        configs=[dict(BIAS_TYPE="none", IS_CAUSAL=is_causal, BLOCK_HEADDIM=64, EVEN_M=even_m, EVEN_N=even_n,
+                      EVEN_HEADDIM=even_d, BLOCK_M=128, BLOCK_N=128)  # _flash_attn_forward's BLOCK, head dims 33-64
+                 for is_causal in (False, True) for even_m in (False, True) for even_n in (False, True)
+                 for even_d in (False, True)],
+        grid=lambda s, config: (_cdiv(s["Sq"], config["BLOCK_M"]), s["B"] * s["Hq"], 1), program=_flash_program,
+        constraints=_flash_constraints, preconditions=_fwd_preconditions,
+        geometry=lambda s, config: MaskGeometry(s["Sq"], s["Sk"], causal if config["IS_CAUSAL"] else None),
+        key_loop=None, key_step=lambda config: config["BLOCK_N"], block=lambda config: (config["BLOCK_M"],
+                                                                                         config["BLOCK_N"]),
+        pointer_types={"Bias": "*fp32", "Out": "*fp32", "Lse": "*fp32", "softmax_scale": "fp32",
+                       "CACHE_KEY_SEQLEN_Q": "i32", "CACHE_KEY_SEQLEN_K": "i32"},
+        positive=frozenset({"softmax_scale"}), cases=_flash_out_orders,
+        fold="not stated: the kernel carries (lse, m, acc) with lse_i = m_ij + log(exp(lse_i - m_ij) + l_ij) and routes "
+             "acc's rescale through the TMP scratch, not the spec's (m, l, acc) merge op for op",
+    )
+
+
+# flash_attn_func's causal=True is bottom-right (FlashAttention >= 2.1): what the kernel is held to. The kernel's own
+# alignment, top-left, is FLASH_ATTN_TRITON_TOP_LEFT (tests/ttir/test_third_party.py proves it).
+FLASH_ATTN_TRITON = _flash_attn_triton("bottom_right")
+FLASH_ATTN_TRITON_TOP_LEFT = _flash_attn_triton("top_left")
+
+LAUNCHES = {launch.kernel: launch for launch in (FORWARD, BACKWARD_DQ, BACKWARD_DKDV, FLASH_ATTN_TRITON)}

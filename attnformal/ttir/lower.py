@@ -55,7 +55,17 @@ def _is_pointer(fn, name):
     return re.fullmatch(r'[A-Z][A-Z0-9_]*', name) is not None
 
 
+def jitted(fn):
+    """The ``@triton.jit`` function under ``@triton.heuristics`` / ``@triton.autotune`` (each keeps it as ``.fn``)."""
+    from triton.runtime.jit import JITFunction
+
+    while not isinstance(fn, JITFunction) and hasattr(fn, "fn"):
+        fn = fn.fn
+    return fn
+
+
 def lower(fn, constexprs: dict, pointer_types: dict | None = None, target: str = "cuda") -> Function:
+    fn = jitted(fn)
     return parse_module(ttir_text(fn, constexprs, pointer_types, target),
                         [name for name in fn.arg_names if name not in constexprs])
 

@@ -38,6 +38,7 @@ from attnformal.logic import (DEFAULT_WALL_S, PROVED, REFUTED, RLIMIT_UNIT, UNKN
                               TermIndex)
 from attnformal.ttir import folding
 from attnformal.ttir.interpret import Tensor, Unsupported, interpret
+from attnformal.masks import may_attend
 from attnformal.ttir.launch import LaunchDescription, TensorRole
 from attnformal.ttir.lower import lower
 
@@ -63,27 +64,41 @@ class Setting:
                         "the host's tables hold their contracts ("
                         + ", ".join(name for name, role in launch.tensors.items() if role.contract) + ")"]
         self.assumed += [name for name, _ in launch.preconditions(self.sizes, config)]
+        self.assumed += [f"the float parameter {name} is positive (a masked -inf times it stays -inf)"
+                         for name in launch.positive]
         self.facts += [fact for _, fact in launch.preconditions(self.sizes, config)]
 
     def fresh(self, stem):
         return z3.Int(f"{self.prefix}{stem}~{next(self.counter)}")
 
     def coordinates(self, loop):
-        """The program's coordinates, with those the launch gives an iteration of ``loop`` (and its outer ones)."""
-        inside = self.launch.in_loop(self.sizes, self.config, self.program, loop) if loop is not None else {}
+        """The program's coordinates, with those the launch gives an iteration of ``loop`` (and its outer ones): by
+        default the key block ``bn`` whose first key the induction variable is (``LaunchDescription.key_step``)."""
+        if loop is None:
+            return dict(self.program)
+        inside = {"bn": loop.iv / self.launch.key_step(self.config)} if self.launch.in_loop is None else \
+            self.launch.in_loop(self.sizes, self.config, self.program, loop)
         return {**self.program, **inside}
 
     def lane(self, shape, stem="lane"):
         lane = tuple(self.fresh(f"{stem}{k}") for k in range(len(shape)))
         return lane, [z3.And(0 <= x, x < n) for x, n in zip(lane, shape)]
 
+    def size(self, name):
+        return self.sizes[name] if name in self.sizes else z3.IntVal(int(name))
+
     def dims(self, role: TensorRole):
-        return [self.sizes[d] if d in self.sizes else z3.IntVal(int(d)) for d in role.dims]
+        return [self.size(d) for d in role.dims]
 
     def numel(self, role):
-        return math.prod(self.dims(role))
+        """The elements the tensor spans: its row-major size, or with strides ``1 + sum((n - 1) * stride)``."""
+        if role.strides is None:
+            return math.prod(self.dims(role))
+        return 1 + z3.Sum([(n - 1) * self.size(t) for n, t in zip(self.dims(role), role.strides)])
 
     def layout(self, role, index):
+        if role.strides is not None:
+            return z3.Sum([x * self.size(t) for x, t in zip(index, role.strides)])
         offset = z3.IntVal(0)
         for x, n in zip(index, self.dims(role)):
             offset = offset * n + x
@@ -315,28 +330,44 @@ def address(setting, limits, proven):
 def coverage(setting, limits):
     """Each block of the host's range of this program (``table[coordinates..., 0:2]``) is the iteration of
     exactly one block loop (an innermost loop: the dK/dV kernel's loop over query heads is around one), and
-    no loop runs over a block outside it."""
-    table, coordinates = setting.launch.key_loop
-    role = setting.launch.tensors[table]
-    memory = z3.Function(f"{table}_value", z3.IntSort(), z3.IntSort())
+    no loop runs over a block outside it. Where the launch names no table, the spec's: each key that a row of
+    the program's query block may attend lies in the block of exactly one iteration."""
     loops = [loop for loop in setting.trace.loops if not any(other.outer is loop for other in setting.trace.loops)]
     if not loops:
         yield Proof("coverage: a key loop", TOOL, UNKNOWN, detail="no scf.for in the IR")
         return
+    block = setting.fresh("block")
+    step = setting.launch.key_step(setting.config)
+    visits = z3.Sum([z3.If(z3.And(*loop.path, loop.iteration(block * step)), 1, 0) for loop in loops])
+    where = ", ".join(loop.loc for loop in loops)
+    subject = f"the block {'loops' if len(loops) > 1 else 'loop'} at {where} {'visit' if len(loops) > 1 else 'visits'}"
+    outer = {id(o): o for loop in loops for o in _outer_loops(loop)}.values()  # in each of their iterations
+    iterating = [z3.And(o.iteration(o.iv), *o.path) for o in outer]
+    shown = [("block", block), ("visits", visits)] + sum(([(f"loop {k} start", loop.lower), (f"loop {k} end", loop.upper)]
+                                                         for k, loop in enumerate(loops)), [])
+    if setting.launch.key_loop is None:
+        yield _allowed_keys_covered(setting, limits, subject, block, visits, iterating, shown)
+        return
+    table, coordinates = setting.launch.key_loop
+    role = setting.launch.tensors[table]
+    memory = z3.Function(f"{table}_value", z3.IntSort(), z3.IntSort())
     index = [setting.program[name] for name in coordinates]
     ends = [memory(setting.layout(role, index + [end])) for end in (0, 1)]
-    block = setting.fresh("block")
-    visits = z3.Sum([z3.If(z3.And(*loop.path, loop.lower <= block, block < loop.upper), 1, 0) for loop in loops])
     wanted = z3.If(z3.And(ends[0] <= block, block < ends[1]), 1, 0)
-    where = ", ".join(loop.loc for loop in loops)
-    outer = {id(o): o for loop in loops for o in _outer_loops(loop)}.values()  # in each of their iterations
-    yield decide(f"coverage: the block {'loops' if len(loops) > 1 else 'loop'} at {where} "
-                 f"{'visit' if len(loops) > 1 else 'visits'} each block of "
-                 f"{table}[{', '.join(coordinates)}, 0:2] once, no other",
-                 [z3.And(o.lower <= o.iv, o.iv < o.upper, *o.path) for o in outer], visits == wanted, setting, limits,
-                 [("block", block), ("visits", visits), ("table start", ends[0]), ("table end", ends[1])]
-                 + sum(([(f"loop {k} start", loop.lower), (f"loop {k} end", loop.upper)]
-                        for k, loop in enumerate(loops)), []))
+    yield decide(f"coverage: {subject} each block of {table}[{', '.join(coordinates)}, 0:2] once, no other",
+                 iterating, visits == wanted, setting, limits,
+                 shown + [("table start", ends[0]), ("table end", ends[1])])
+
+
+def _allowed_keys_covered(setting, limits, subject, block, visits, iterating, shown):
+    """Key ``j`` that row ``i`` of the program's query block may attend: its block is visited exactly once."""
+    block_m, block_n = setting.launch.block(setting.config)
+    i, j, bm = setting.fresh("i"), setting.fresh("j"), setting.program["bm"]
+    row = z3.And(bm * block_m <= i, i < bm * block_m + block_m)
+    allowed = may_attend(i, j, setting.launch.geometry(setting.sizes, setting.config))
+    return decide(f"coverage: {subject} the block of each key a row of the query block may attend once",
+                  iterating + [row, allowed, block == j / block_n], visits == 1, setting, limits,
+                  [("i", i), ("j", j)] + shown)
 
 
 def heads(setting, limits):
@@ -389,21 +420,21 @@ def _shifted_scores(source):
 def _masking_at(setting, source, what, loop, limits):
     lane, ranges = setting.lane(source.shape)
     try:
-        score, neg_inf, dots, fills, selects = _classify(source.at(lane))
+        kept = _classify(source.at(lane), setting.launch.positive)
     except Unsupported as why:
         return Proof(f"masking: the {what}", TOOL, UNKNOWN, detail=str(why))
-    if len(dots) != 1:
-        return Proof(f"masking: the {what}", TOOL, UNKNOWN, detail=f"{len(dots)} products reach it")
-    i, j, facts = _score_indices(setting, dots[0])
-    from attnformal.masks import may_attend
-    goal = z3.And(z3.Or(score, neg_inf), score == may_attend(i, j, setting.launch.geometry(setting.sizes,
-                                                                                         setting.config)))
-    masked_at = f" (masked at {', '.join(dict.fromkeys(selects))})" if selects else " (no mask)"
-    proof = decide(f"masking: {what} are -inf unless may_attend(i, j){masked_at}",
-                   ranges + facts + _iterating(loop),
-                   goal, setting, limits, _lane_shown(lane) + [("i", i), ("j", j), ("score kept", score)],
+    if len(kept.dots) != 1:
+        return Proof(f"masking: the {what}", TOOL, UNKNOWN, detail=f"{len(kept.dots)} products reach it")
+    i, j, facts = _score_indices(setting, kept.dots[0])
+    geometry = setting.launch.geometry(setting.sizes, setting.config)
+    goal = z3.And(z3.Or(kept.raw, kept.neg_inf), kept.raw == may_attend(i, j, geometry))
+    masked_at = f" (masked at {', '.join(dict.fromkeys(kept.selects))})" if kept.selects else " (no mask)"
+    exists = z3.And(0 <= i, i < geometry.len_q)  # a padded row past Sq has no softmax in the spec
+    proof = decide(f"masking: {what} are -inf unless may_attend(i, j), on each row i < Sq{masked_at}",
+                   ranges + facts + _iterating(loop) + [exists],
+                   goal, setting, limits, _lane_shown(lane) + [("i", i), ("j", j), ("score kept", kept.raw)],
                    context=_masking_context(setting, i, j, loop))
-    finite = [v for v in fills if v != -math.inf]
+    finite = [v for v in kept.fills if v != -math.inf]
     if proof.status == REFUTED and finite:
         proof = proof.but(detail=_finite_fill_detail(finite[0]))
     return proof
@@ -430,27 +461,71 @@ SCORE_ARITHMETIC = ("arith.mulf", "arith.addf", "arith.subf", "arith.divf", "ari
                     "math.absf")
 
 
-def _classify(value):
-    """``(raw score?, -inf?, products, fill constants, select lines)`` of a softmax-input element."""
+@dataclass(frozen=True)
+class Kept:
+    """What a softmax-input element is: the raw score where ``raw``, ``-inf`` where ``neg_inf``; the products it
+    holds, the constants a mask fills with, and the lines of the selects on its way."""
+
+    raw: object
+    neg_inf: object
+    dots: list
+    fills: list
+    selects: list
+
+
+def _classify(value, positive=frozenset()):
+    """:class:`Kept` of a softmax-input element. ``positive``: the float parameters the launch states positive
+    (a masked ``-inf`` times one stays ``-inf``)."""
     kind = value[0]
     if kind == "dot":
-        return z3.BoolVal(True), z3.BoolVal(False), [value], [], []
+        product = Kept(z3.BoolVal(True), z3.BoolVal(False), [value], [], [])
+        accumulator = value[3].at(value[4])  # Triton's combine pass folds ``acc + dot`` into the dot
+        return product if accumulator == ("const", 0.0) else _sum([product, _addend(accumulator)])
     if kind == "const":
-        return z3.BoolVal(False), z3.BoolVal(value[1] == -math.inf), [], [value[1]], []
+        return Kept(z3.BoolVal(False), z3.BoolVal(value[1] == -math.inf), [], [value[1]], [])
     if kind == "select":
-        cond = value[1]
-        s1, n1, d1, f1, l1 = _classify(value[2])
-        s2, n2, d2, f2, l2 = _classify(value[3])
-        return z3.If(cond, s1, s2), z3.If(cond, n1, n2), _unique(d1 + d2), f1 + f2, [value[4]] + l1 + l2
+        one, other = _classify(value[2], positive), _classify(value[3], positive)
+        return Kept(z3.If(value[1], one.raw, other.raw), z3.If(value[1], one.neg_inf, other.neg_inf),
+                    _unique(one.dots + other.dots), one.fills + other.fills, [value[4]] + one.selects + other.selects)
     if kind == "op" and value[1] in SCORE_ARITHMETIC:
-        parts = [_classify(a) if isinstance(a, tuple) and _has_dot(a) else None for a in value[2:]]
-        scored = [p for p in parts if p is not None]
-        if scored:  # a function of the scores its operands hold (tanh's quotient has one in each)
-            return (z3.And(*(p[0] for p in scored)), z3.BoolVal(False), _unique(sum((p[2] for p in scored), [])),
-                    sum((p[3] for p in scored), []), sum((p[4] for p in scored), []))
+        operands = [a for a in value[2:] if isinstance(a, tuple)]
+        scored = [a for a in operands if _has_dot(a)]
+        if value[1] == "arith.addf" and scored:
+            return _sum([_classify(a, positive) if _has_dot(a) else _addend(a) for a in operands])
+        if len(scored) == 1 and (value[1] == "arith.mulf" or value[1] == "arith.divf" and scored[0] is operands[0]):
+            factor = next(a for a in operands if a is not scored[0])
+            if factor[0] == "const" and factor[1] > 0 or factor[0] == "param" and factor[1] in positive:
+                return _classify(scored[0], positive)  # -inf times a positive factor stays -inf
+        parts = [_classify(a, positive) for a in scored]
+        if parts:  # a function of the scores its operands hold (tanh's quotient has one in each)
+            return Kept(z3.And(*(p.raw for p in parts)), z3.BoolVal(False), _unique(sum((p.dots for p in parts), [])),
+                        sum((p.fills for p in parts), []), sum((p.selects for p in parts), []))
     if kind in ("opaque", "param", "load"):
-        return z3.BoolVal(False), z3.BoolVal(False), [], [], []
+        return Kept(z3.BoolVal(False), z3.BoolVal(False), [], [], [])
     raise Unsupported(f"score expression {kind} {value[1] if kind == 'op' else ''}", "the softmax input")
+
+
+def _addend(value):
+    """:class:`Kept` of a term added to the scores that holds none: a constant, a select between such terms (an
+    additive mask, ``where(allowed, 0, -inf)``), or a parameter (finite); anything else is not classified."""
+    kind = value[0]
+    if kind == "const":  # adding 0 keeps the score; a finite other constant is a finite fill (-1e6)
+        return Kept(z3.BoolVal(False), z3.BoolVal(value[1] == -math.inf), [], [value[1]] if value[1] else [], [])
+    if kind == "select":
+        one, other = _addend(value[2]), _addend(value[3])
+        return Kept(z3.BoolVal(False), z3.If(value[1], one.neg_inf, other.neg_inf), [], one.fills + other.fills,
+                    [value[4]] + one.selects + other.selects)
+    if kind == "param":
+        return Kept(z3.BoolVal(False), z3.BoolVal(False), [], [], [])
+    raise Unsupported(f"a score plus a {kind} term (a data mask or a bias: not modelled)", "the softmax input")
+
+
+def _sum(parts):
+    """A sum of scores and addends: the raw score where every addend is finite, ``-inf`` where any term is (scores
+    and addends are never ``+inf``)."""
+    return Kept(z3.And(*[p.raw for p in parts if p.dots], *[z3.Not(p.neg_inf) for p in parts if not p.dots]),
+                z3.Or(*[p.neg_inf for p in parts]), _unique(sum((p.dots for p in parts), [])),
+                sum((p.fills for p in parts), []), sum((p.selects for p in parts), []))
 
 
 def _has_dot(value):
@@ -495,6 +570,9 @@ def merge(setting, limits):
     the forward, ``state + score_grads(s, ...)`` in the backward."""
     fold = setting.launch.fold
     if fold is None:
+        return
+    if isinstance(fold, str):
+        yield Proof("merge: the key loop's update is the spec's merge", TOOL, UNKNOWN, detail=fold)
         return
     names = ", ".join(fold.carried)
     loops = [(loop, found[0]) for loop in setting.trace.loops if len(loop.carried) == len(fold.carried)
@@ -577,7 +655,7 @@ def _writes(value, result):
 
 
 def _iterating(loop):
-    return [z3.And(loop.lower <= loop.iv, loop.iv < loop.upper), *loop.path]
+    return [loop.iteration(loop.iv), *loop.path]
 
 
 def _fold_scores(setting, loop, where):
@@ -703,24 +781,75 @@ def _model(query, limits):
     return solver.model() if verdict == z3.sat else None
 
 
-def writes(setting, other, limits):
+def writes(setting, other, limits, addresses):
     """Two programs (``setting`` and ``other``, a second run), each output element: written by one lane of one."""
     stores = [(a, b) for a, b in zip(setting.trace.accesses, other.trace.accesses)
               if a.op == "store" and setting.launch.tensors.get(a.arg, TensorRole(())).output]
     for first, second in stores:
         role = setting.launch.tensors[first.arg]
-        lane1, r1 = setting.lane(first.ptr.shape, "l1_")
-        lane2, r2 = other.lane(second.ptr.shape, "l2_")
-        same = z3.And(*[p == q for p, q in zip(setting.trace.program_ids, other.trace.program_ids)],
-                      *[x == y for x, y in zip(lane1, lane2)])
-        collide = z3.And(_mask_at(first, lane1), _mask_at(second, lane2),
-                         first.ptr.at(lane1).offset == second.ptr.at(lane2).offset)
-        joint = _Joint(setting, other)
-        yield decide(f"writes: no two programs or lanes store the same {first.arg} element ({first.loc})",
-                     r1 + r2 + first.path + second.path + other.facts, z3.Implies(collide, same), joint, limits,
-                     _lane_shown(lane1, "lane1") + _lane_shown(lane2, "lane2")
-                     + [(f"other program_id({a})", p) for a, p in zip("xyz", other.trace.program_ids)])
+        claim = f"writes: no two programs or lanes store the same {first.arg} element ({first.loc})"
+        if role.strides is not None and id(first) in addresses:
+            yield _distinct_elements(claim, setting, other, first, second, role, limits, addresses[id(first)])
+        else:
+            yield _no_two_stores(claim, setting, other, first, second, limits)
         yield _every_element_written(setting, first, role, limits)
+
+
+def _pair(setting, other, first, second):
+    """Lanes of the two programs' runs of a store, their ranges and paths, and what makes them one lane of one."""
+    lane1, r1 = setting.lane(first.ptr.shape, "l1_")
+    lane2, r2 = other.lane(second.ptr.shape, "l2_")
+    same = z3.And(*[p == q for p, q in zip(setting.trace.program_ids, other.trace.program_ids)],
+                  *[x == y for x, y in zip(lane1, lane2)])
+    shown = _lane_shown(lane1, "lane1") + _lane_shown(lane2, "lane2") + \
+        [(f"other program_id({a})", p) for a, p in zip("xyz", other.trace.program_ids)]
+    return lane1, lane2, r1 + r2 + first.path + second.path + other.facts, same, shown
+
+
+def _no_two_stores(claim, setting, other, first, second, limits):
+    lane1, lane2, premise, same, shown = _pair(setting, other, first, second)
+    collide = z3.And(_mask_at(first, lane1), _mask_at(second, lane2),
+                     first.ptr.at(lane1).offset == second.ptr.at(lane2).offset)
+    return decide(claim, premise, z3.Implies(collide, same), _Joint(setting, other), limits, shown)
+
+
+def _distinct_elements(claim, setting, other, first, second, role, limits, address_proof):
+    """A strided output (its strides are arguments: one nonlinear query over both programs is slow): two lanes
+    store one element only if they are one lane of one program, from the store's address theorem (a lane stores
+    ``layout(index)``), the layout's injectivity in each of the launch's cases, and the tile's index map."""
+    lane1, lane2, premise, same, shown = _pair(setting, other, first, second)
+    (index1, _), (index2, _) = tile_index(setting, role, lane1, first.loop), tile_index(other, role, lane2, second.loop)
+    mapping = decide(f"writes: {first.arg}'s tile index at {first.loc} is one-to-one over programs and lanes",
+                     premise + [_mask_at(first, lane1), _mask_at(second, lane2)]
+                     + [a == b for a, b in zip(index1, index2)], same, _Joint(setting, other), limits, shown)
+    by = (address_proof, mapping, _injective_layout(setting, first.arg, role, limits))
+    status = next((p.status for p in by if p.status != PROVED), PROVED)
+    return Proof(claim, TOOL, status, hypotheses=tuple(setting.assumed), by=by,
+                 detail="" if status == PROVED else "not proved: the address theorem, the index map or the layout's "
+                 "injectivity", seconds=sum(p.seconds for p in by), rlimit=sum(p.rlimit for p in by))
+
+
+def _injective_layout(setting, name, role, limits):
+    x = [setting.fresh(f"{name}_x") for _ in role.dims]
+    y = [setting.fresh(f"{name}_y") for _ in role.dims]
+    ranges = [z3.And(0 <= a, a < n, 0 <= b, b < n) for a, b, n in zip(x, y, setting.dims(role))]
+    return _in_each_case(f"layout: {name}'s strides map distinct in-range indices to distinct offsets",
+                         ranges + [setting.layout(role, x) == setting.layout(role, y)],
+                         z3.And([a == b for a, b in zip(x, y)]), setting, limits, [])
+
+
+def _in_each_case(claim, hypotheses, goal, setting, limits, show):
+    """:func:`decide`, once in each of the launch's cases (``LaunchDescription.cases``) where it names some: proved
+    iff proved in every one, else the first case's verdict that is not."""
+    if setting.launch.cases is None:
+        return decide(claim, hypotheses, goal, setting, limits, show)
+    cases = [decide(f"{claim}, where {name}", [*hypotheses, fact], goal, setting, limits, show)
+             for name, fact in setting.launch.cases(setting.sizes, setting.config)]
+    failed = next((proof for proof in cases if proof.status != PROVED), None)
+    if failed is not None:
+        return failed
+    return Proof(claim, TOOL, PROVED, hypotheses=cases[0].hypotheses, by=tuple(cases),
+                 seconds=sum(p.seconds for p in cases), queries=len(cases), rlimit=sum(p.rlimit for p in cases))
 
 
 def _every_element_written(setting, store, role, limits):
@@ -742,7 +871,7 @@ class _Joint:
 
     def __init__(self, first, second):
         self.facts, self.assumed, self.sizes, self.trace = first.facts, first.assumed, first.sizes, first.trace
-        self.second = second
+        self.launch, self.config, self.second = first.launch, first.config, second
 
     def table_facts(self, terms, context=None):
         return self.second.table_facts(terms, context)
@@ -773,10 +902,10 @@ def prove_launch(launch: LaunchDescription, fn=None, limits=Limits(), theorems=T
                    "bounds": lambda: bounds(setting, limits, addresses),
                    "masking": lambda: masking(setting, limits),
                    "coverage": lambda: itertools.chain(coverage(setting, limits), heads(setting, limits)),
-                   "writes": lambda: writes(setting, other, limits),
+                   "writes": lambda: writes(setting, other, limits, addresses),
                    "merge": lambda: merge(setting, limits)}
-        for name in THEOREMS:  # address before bounds, which rests on it
-            if name in theorems or (name == "address" and "bounds" in theorems):
+        for name in THEOREMS:  # address before bounds and writes, which rest on it
+            if name in theorems or (name == "address" and {"bounds", "writes"} & set(theorems)):
                 proofs += list(runners[name]())
         results.append((config, proofs))
     return results

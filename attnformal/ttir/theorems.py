@@ -36,9 +36,9 @@ import z3
 
 from attnformal.logic import (DEFAULT_WALL_S, PROVED, REFUTED, RLIMIT_UNIT, UNKNOWN, VACUOUS, Budget, Proof,
                               TermIndex)
+from attnformal.masks import may_attend
 from attnformal.ttir import folding
 from attnformal.ttir.interpret import Tensor, Unsupported, interpret
-from attnformal.masks import may_attend
 from attnformal.ttir.launch import LaunchDescription, TensorRole
 from attnformal.ttir.lower import lower
 

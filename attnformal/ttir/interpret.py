@@ -113,6 +113,8 @@ class NoWrap:
     holds: Callable[[tuple], Any]
     path: list
     loop: Any = None  # the innermost scf.for around the op
+    exact: Callable[[tuple], Any] | None = None  # the exact result on a lane, for an op that must fit
+    width: int = 0
 
 
 @dataclass
@@ -216,7 +218,7 @@ class Interpreter:
         low, high = signed_range(width)
         self.trace.no_wrap.append(NoWrap(f"{op.name} in i{width}", op.loc, tensor.shape,
                                          lambda lane: z3.And(low <= exact_at(lane), exact_at(lane) <= high), path,
-                                         self.loop()))
+                                         self.loop(), exact_at, width))
 
 
 def _scalar(kind, element):
@@ -511,8 +513,7 @@ def _load(interp, op, env, path):
             loaded = ("load", access, lane)
             return loaded if mask is None else ("select", mask.at(lane), loaded,
                                                 other.at(lane) if other else ("const", 0.0), op.loc)
-        memory = z3.Function(f"{ptr.arg}_value", z3.IntSort(), z3.IntSort())
-        loaded = memory(ptr.offset)
+        loaded = memory(ptr.arg)(ptr.offset)
         if kind.name == "bool":
             loaded = loaded != 0
         if mask is None:
@@ -521,6 +522,11 @@ def _load(interp, op, env, path):
     interp.trace.accesses.append(access)
     access.value = Tensor(shape, kind, at)
     return [access.value]
+
+
+def memory(arg):
+    """An integer tensor's contents: its element at each offset (one uninterpreted function per argument)."""
+    return z3.Function(f"{arg}_value", z3.IntSort(), z3.IntSort())
 
 
 def _pointee_kind(op):

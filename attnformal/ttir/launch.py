@@ -22,7 +22,7 @@ from attnformal.spec import kv_head_of
 from attnformal.tile import score_grads, softcap_slope
 
 INT32_MAX = 2 ** 31 - 1
-MAX_ELEMENTS = 2 ** 40  # more elements than any accelerator's memory holds
+MAX_ELEMENTS = 2 ** 40  # more elements than any accelerator's memory holds: every tensor a kernel accesses has fewer
 
 
 @dataclass
@@ -32,9 +32,12 @@ class TensorRole:
     ``program`` names, per axis, the program coordinate that axis must equal (``"b"``, ``"h"``,
     ``"kv_head"``, ``"split"``); ``seq`` is the sequence axis, tiled as ``tile`` says (``"query"``: rows
     ``bm * BLOCK_M + lane``; ``"key"``: rows ``bn * BLOCK_N + lane`` of the key loop's iteration ``bn``);
-    ``feature`` the axis indexed by the tile's last lane dimension. ``strides``: per axis, the size (a name) or the
-    constant its index is multiplied by (None: contiguous, row-major). A *table* has
-    ``contract(index, value, sizes, config, context)``: what its entries hold.
+    ``feature`` the axis indexed by the tile's last lane dimension. A tensor over (query, key) pairs has its
+    ``columns`` axis indexed by the key tile (keys ``bn * BLOCK_N + lane``) and says in ``pairs`` what it holds:
+    ``"mask"`` (a pair's score enters only where its element is nonzero), ``"keep"`` (dropout's keep flags),
+    ``"bias"`` (added to the pair's score). ``strides``: per axis, the size (a name) or the constant its index is
+    multiplied by (None: contiguous, row-major). A *table* has ``contract(index, value, sizes, config, context)``:
+    what its entries hold.
     """
 
     dims: tuple[str, ...]
@@ -45,6 +48,8 @@ class TensorRole:
     output: bool = False
     contract: Callable | None = None
     strides: tuple | None = None
+    columns: int | None = None
+    pairs: str | None = None
 
 
 @dataclass(frozen=True)
@@ -105,7 +110,8 @@ def _fwd_grid(s, config):
 def _fwd_program(s, config, pids, fresh):
     """Axis x: query block ``bm``; y: split part; z: ``b * Hq + h`` (so ``b, h = divmod(z, Hq)``)."""
     b, h = pids[2] / s["Hq"], pids[2] % s["Hq"]
-    facts = [s["Hq"] / s["Hkv"] == s["G"], s["Hq"] / s["G"] == s["Hkv"]]  # true as Hq = G * Hkv
+    facts = [s["Hq"] / s["Hkv"] == s["G"], s["Hq"] / s["G"] == s["Hkv"],  # true as Hq = G * Hkv
+             b < s["B"], 0 <= h, h < s["Hq"]]  # true as 0 <= z < B * Hq
     return {"bm": pids[0], "split": pids[1], "b": b, "h": h, "kv_head": kv_head_of(h, s["Hq"], s["Hkv"])}, facts
 
 
@@ -117,10 +123,7 @@ def _fwd_constraints(s, config):
               s["nM"] == _cdiv(s["Sq"], bm), s["nN"] == _cdiv(s["Sk"], bn),
               s["B"] * s["Hq"] <= 65535, s["S"] <= 65535,  # CUDA's grid z and y limits
               s["nM"] * bm <= INT32_MAX, s["nN"] * bn <= INT32_MAX]  # check_launchable: padded lengths < 2**31
-    numels = [s["B"] * s["Hq"] * s["Sq"] * s["D"], s["B"] * s["Hkv"] * s["Sk"] * s["D"],
-              s["B"] * s["Hkv"] * s["Sk"] * s["Dv"], s["S"] * s["B"] * s["Hq"] * s["Sq"] * s["Dv"],
-              s["B"] * s["nM"] * s["nN"], s["B"] * s["nM"] * s["S"] * 2]
-    return facts + [n <= MAX_ELEMENTS for n in numels]  # every tensor fits in a device's memory
+    return facts + [s[n] >= 0 for n in _FLAG_STRIDES]  # a bool mask's strides (0: broadcast), as _flags_args passes
 
 
 def _fwd_preconditions(s, config):
@@ -129,7 +132,7 @@ def _fwd_preconditions(s, config):
 
 
 def _geometry(s, config):
-    return MaskGeometry(s["Sq"], s["Sk"], CAUSAL_MODES[config["CAUSAL"]])
+    return MaskGeometry(s["Sq"], s["Sk"], CAUSAL_MODES[config["CAUSAL"]], has_attn_mask=config["HAS_ATTN_MASK"])
 
 
 def _row_end(which):
@@ -143,10 +146,12 @@ def _row_end(which):
 
 
 def _classes(index, value, s, config, context):
-    """Class table entries; FULL only when every (unclipped) pair of the tile may attend
-    (obligation 5, tile classification, proves ``schedule.tile_class`` sound)."""
+    """Class table entries; FULL only when every (unclipped) pair of the tile may attend, and never with mask data
+    (obligation 5, tile classification, proves ``schedule.tile_class`` sound: (b) with an attn_mask no tile is FULL)."""
     b, bm, bn = index
     facts = [z3.Or(value == SKIP, value == PARTIAL, value == FULL)]
+    if _geometry(s, config).has_attn_mask:
+        facts.append(value != FULL)
     if "i" in context:
         block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
         i, j = context["i"], context["j"]
@@ -193,6 +198,18 @@ def _query_rows(*extra, output=False):
                       tile="query", output=output)
 
 
+def _pairs(holds, strides=None):
+    """A ``[B, Hq, Sq, Sk]`` tensor over (query, key) pairs: its rows the query tile's, its columns the key tile's."""
+    return TensorRole(("B", "Hq", "Sq", "Sk"), program={0: "b", 1: "h"}, seq=2, columns=3, tile="query", pairs=holds,
+                      strides=strides)
+
+
+_FLAG_STRIDES = tuple(f"{mask}_s{axis}" for mask in ("mask", "keep") for axis in "bhij")
+# The data masks: int8 views of bool masks with the strides the host passes (any, 0 to broadcast); the score bias
+# contiguous in the state dtype.
+_DATA = dict(ATTN_MASK=_pairs("mask", _FLAG_STRIDES[:4]), KEEP=_pairs("keep", _FLAG_STRIDES[4:]), BIAS=_pairs("bias"))
+
+
 def _blocks(config):
     return config["BLOCK_M"], config["BLOCK_N"]
 
@@ -204,31 +221,42 @@ _INDEX_TABLES = dict(  # the row tables are read a query block at a time: their 
     SCALARS=TensorRole(("3",)),
 )
 
+# Each feature is its own `if HAS_X:` block of the kernels: all off (above, with and without the softcap) and all on
+# reach every block.
+_EVERY_FEATURE = dict(HAS_ATTN_MASK=True, HAS_KEEP=True, HAS_SOFTCAP=True, HAS_BIAS=True)
 _FWD_BASE = dict(HAS_ATTN_MASK=False, HAS_KEEP=False, HAS_SOFTCAP=False, HAS_BIAS=False,
                  BLOCK_M=128, BLOCK_N=64, BLOCK_D=64, BLOCK_DV=64, BF16_VIA_FP32=False)
 
 FORWARD = LaunchDescription(
     kernel="attnformal.kernels.triton_flash:_attn_fwd",
     entry="attention", backward=False,
-    sizes=("B", "Hq", "G", "Hkv", "Sq", "Sk", "D", "Dv", "S", "nM", "nN"),
+    sizes=("B", "Hq", "G", "Hkv", "Sq", "Sk", "D", "Dv", "S", "nM", "nN", *_FLAG_STRIDES),
     arguments=dict(batch="B", heads_q="Hq", group="G", seq_q="Sq", seq_k="Sk", head_dim="D", head_dim_v="Dv",
-                   num_q_blocks="nM", num_kv_blocks="nN", num_splits="S"),
+                   num_q_blocks="nM", num_kv_blocks="nN", num_splits="S", **{name: name for name in _FLAG_STRIDES}),
     tensors=dict(
         Q=_query_rows("D"),
         K=TensorRole(("B", "Hkv", "Sk", "D"), program={0: "b", 1: "kv_head"}, seq=2, feature=3, tile="key"),
         V=TensorRole(("B", "Hkv", "Sk", "Dv"), program={0: "b", 1: "kv_head"}, seq=2, feature=3, tile="key"),
         M_PART=_state(), L_PART=_state(), ACC_PART=_state("Dv"),
-        **_INDEX_TABLES, KV_SPLITS=TensorRole(("B", "nM", "S", "2"), contract=_splits),
+        **_INDEX_TABLES, **_DATA, KV_SPLITS=TensorRole(("B", "nM", "S", "2"), contract=_splits),
     ),
     configs=[dict(_FWD_BASE, CAUSAL=mode, HAS_SOFTCAP=softcap) for softcap in (False, True)
-             for mode in range(len(CAUSAL_MODES))],
+             for mode in range(len(CAUSAL_MODES))]
+    + [dict(_FWD_BASE, CAUSAL=mode, **_EVERY_FEATURE) for mode in range(len(CAUSAL_MODES))],
     grid=_fwd_grid, program=_fwd_program, constraints=_fwd_constraints, preconditions=_fwd_preconditions,
     geometry=_geometry, key_loop=("KV_SPLITS", ("b", "bm", "split")), block=_blocks,
     pointer_types=_pointers("KV_SPLITS"), table_indices=_reads("KV_SPLITS", ("b", "bm", "split"), _key_tile),
     fold=Fold(("m", "l", "acc"), (-math.inf, 0.0, 0.0),
-              lambda state, tiles, config: merge(SoftmaxState(*state), block_state(tiles.s, tiles["V"])),
-              "merge(state, block_state(s, V))"),
+              lambda state, tiles, config: merge(SoftmaxState(*state),
+                                                 block_state(tiles.s, tiles["V"], _keep_weights(tiles, config))),
+              "merge(state, block_state(s, V, weights))"),
 )
+
+
+def _keep_weights(tiles, config):
+    """The dropout weights of a tile where the kernel replays a keep mask (else None): SCALARS[2] = 1 / (1 - p)
+    where KEEP holds the pair, 0 where it does not."""
+    return tiles.where_pairs("keep", tiles.element("SCALARS", 2), 0.0) if config["HAS_KEEP"] else None
 
 
 def _tile_grads(tiles, config):
@@ -236,7 +264,7 @@ def _tile_grads(tiles, config):
     ``(scale, softcap, 1 / (1 - p))``; the softcap's slope is the spec's, of the scores before their mask."""
     slope = softcap_slope(tiles.capped, tiles.element("SCALARS", 1)) if config["HAS_SOFTCAP"] else None
     return score_grads(tiles.s, slope, tiles["Q"], tiles["K"], tiles["V"], tiles["DO"], tiles["LSE"], tiles["DELTA"],
-                       scale=tiles.element("SCALARS", 0))
+                       scale=tiles.element("SCALARS", 0), weights=_keep_weights(tiles, config))
 
 
 def _dq_grid(s, config):
@@ -250,8 +278,7 @@ def _dq_program(s, config, pids, fresh):
 
 
 def _dq_constraints(s, config):
-    """The forward's shapes with one split part (dQ visits a query block's whole key range): its bounds on
-    the state and split tables then bound DO, LSE, DELTA (``B Hq Sq Dv``) and KV_RANGES (``B nM 2``)."""
+    """The forward's shapes with one split part (dQ visits a query block's whole key range)."""
     return _fwd_constraints(dict(s, S=z3.IntVal(1)), config)
 
 
@@ -260,20 +287,21 @@ def _dq_constraints(s, config):
 BACKWARD_DQ = LaunchDescription(
     kernel="attnformal.kernels.triton_flash:_attn_bwd_dq",
     entry="attention", backward=True,
-    sizes=("B", "Hq", "G", "Hkv", "Sq", "Sk", "D", "Dv", "nM", "nN"),
+    sizes=("B", "Hq", "G", "Hkv", "Sq", "Sk", "D", "Dv", "nM", "nN", *_FLAG_STRIDES),
     arguments=dict(batch="B", heads_q="Hq", group="G", seq_q="Sq", seq_k="Sk", head_dim="D", head_dim_v="Dv",
-                   num_q_blocks="nM", num_kv_blocks="nN"),
+                   num_q_blocks="nM", num_kv_blocks="nN", **{name: name for name in _FLAG_STRIDES}),
     tensors=dict(
         Q=_query_rows("D"), DO=_query_rows("Dv"), LSE=_query_rows(), DELTA=_query_rows(),
         K=FORWARD.tensors["K"], V=FORWARD.tensors["V"], DQ=_query_rows("D", output=True),
-        KV_RANGES=TensorRole(("B", "nM", "2"), contract=_splits), **_INDEX_TABLES,
+        KV_RANGES=TensorRole(("B", "nM", "2"), contract=_splits), **_INDEX_TABLES, **_DATA,
+        DBIAS=_pairs(None),  # dS of the visited tiles: addresses and bounds (its SKIP tiles stay the host's zeros)
     ),
     configs=FORWARD.configs,
     grid=_dq_grid, program=_dq_program, constraints=_dq_constraints, preconditions=_fwd_preconditions,
     geometry=_geometry, key_loop=("KV_RANGES", ("b", "bm")), block=_blocks,
     pointer_types=_pointers("KV_RANGES"), table_indices=_reads("KV_RANGES", ("b", "bm"), _key_tile),
     fold=Fold(("dq",), (0.0,), lambda state, tiles, config: (state[0] + _tile_grads(tiles, config)[0],),
-              "state + score_grads(s, slope, Q, K, V, DO, LSE, DELTA, scale)", scores="exp", stored=("DQ",)),
+              "state + score_grads(s, slope, Q, K, V, DO, LSE, DELTA, scale, weights)", scores="exp", stored=("DQ",)),
 )
 
 
@@ -295,10 +323,6 @@ def _dkdv_in_loop(s, config, program, loop):
     return inside if loop.outer is None else {**inside, "bm": loop.iv}
 
 
-def _dkdv_constraints(s, config):
-    return _dq_constraints(s, config) + [s["B"] * s["nN"] * 2 <= MAX_ELEMENTS]  # Q_RANGES fits
-
-
 def _query_blocks(index, value, s, config, context):
     """Query-block ranges lie within the query blocks (obligation 12 (b): the non-SKIP blocks of each key block)."""
     return z3.And(0 <= value, value <= s["nM"])
@@ -318,16 +342,16 @@ BACKWARD_DKDV = LaunchDescription(
     tensors=dict(
         Q=_query_rows("D"), DO=_query_rows("Dv"), LSE=_query_rows(), DELTA=_query_rows(),
         K=_key_rows("D"), V=_key_rows("Dv"), DK=_key_rows("D", output=True), DV=_key_rows("Dv", output=True),
-        Q_RANGES=TensorRole(("B", "nN", "2"), contract=_query_blocks), **_INDEX_TABLES,
+        Q_RANGES=TensorRole(("B", "nN", "2"), contract=_query_blocks), **_INDEX_TABLES, **_DATA,
     ),
     configs=FORWARD.configs,
-    grid=_dkdv_grid, program=_dkdv_program, constraints=_dkdv_constraints, preconditions=_fwd_preconditions,
+    grid=_dkdv_grid, program=_dkdv_program, constraints=_dq_constraints, preconditions=_fwd_preconditions,
     geometry=_geometry, key_loop=("Q_RANGES", ("b", "bn")), block=_blocks,
     pointer_types=_pointers("Q_RANGES"), in_loop=_dkdv_in_loop, outer_loop=lambda s: (0, s["G"]),
     table_indices=_reads("Q_RANGES", ("b", "bn"), lambda program, iv: (program["b"], iv, program["bn"])),
     fold=Fold(("dk", "dv"), (0.0, 0.0), lambda state, tiles, config: tuple(
         x + dx for x, dx in zip(state, _tile_grads(tiles, config)[1:3])),
-        "state + score_grads(s, slope, Q, K, V, DO, LSE, DELTA, scale)", scores="exp", stored=("DK", "DV")),
+        "state + score_grads(s, slope, Q, K, V, DO, LSE, DELTA, scale, weights)", scores="exp", stored=("DK", "DV")),
 )
 
 
@@ -345,10 +369,7 @@ def _flash_constraints(s, config):
               s["B"] * s["Hq"] <= 65535,  # CUDA's grid y limit
               (s["Sq"] % block_m == 0) == config["EVEN_M"], (s["Sk"] % block_n == 0) == config["EVEN_N"],
               (s["D"] == block_d) == config["EVEN_HEADDIM"], block_d / 2 < s["D"], s["D"] <= block_d]
-    facts.append(z3.Or([fact for _, fact in _flash_out_orders(s)]))
-    spans = [1 + sum((n - 1) * s[f"stride_{t}{a}"] for n, a in zip((s["B"], s["Hq"], length), "bh" + row)) + s["D"] - 1
-             for t, length, row in (("q", s["Sq"], "m"), ("k", s["Sk"], "n"), ("v", s["Sk"], "n"))]
-    return facts + [n <= MAX_ELEMENTS for n in spans + [s["B"] * s["Hq"] * s["SqR"]]]
+    return facts + [z3.Or([fact for _, fact in _flash_out_orders(s)])]
 
 
 def _flash_out_orders(s, config=None):

@@ -38,8 +38,8 @@ from attnformal.logic import (DEFAULT_WALL_S, PROVED, REFUTED, RLIMIT_UNIT, UNKN
                               TermIndex)
 from attnformal.masks import may_attend
 from attnformal.ttir import folding
-from attnformal.ttir.interpret import Tensor, Unsupported, interpret
-from attnformal.ttir.launch import LaunchDescription, TensorRole
+from attnformal.ttir.interpret import Tensor, Unsupported, interpret, memory, signed_range
+from attnformal.ttir.launch import MAX_ELEMENTS, LaunchDescription, TensorRole
 from attnformal.ttir.lower import lower
 
 TOOL = "z3+ttir"
@@ -60,7 +60,10 @@ class Setting:
         self.facts += [z3.And(0 <= p, p < n) for p, n in zip(pids, grid)]
         self.program, program_facts = launch.program(self.sizes, config, pids, self.fresh)
         self.facts += program_facts + trace.definitions
+        self.accessed = {a.arg: launch.tensors[a.arg] for a in trace.accesses if a.arg in launch.tensors}
+        self.facts += [self.numel(role) <= MAX_ELEMENTS for role in self.accessed.values()]  # each fits in a device's memory
         self.assumed = ["the shapes and grid the host admits (the launch's constraints)",
+                        f"every tensor the kernel accesses holds at most 2**{MAX_ELEMENTS.bit_length() - 1} elements",
                         "the host's tables hold their contracts ("
                         + ", ".join(name for name, role in launch.tensors.items() if role.contract) + ")"]
         self.assumed += [name for name, _ in launch.preconditions(self.sizes, config)]
@@ -112,8 +115,7 @@ class Setting:
         for name, role in self.launch.tensors.items():
             if role.contract is None:
                 continue
-            memory = z3.Function(f"{name}_value", z3.IntSort(), z3.IntSort())
-            for application in subterms.applications(memory):
+            for application in subterms.applications(memory(name)):
                 offset = application.arg(0)
                 for index in context.get("at", {}).get(name, ()):
                     in_range = [z3.And(0 <= x, x < n) for x, n in zip(index, self.dims(role))]
@@ -207,8 +209,26 @@ def _shown(setting, extra):
 def no_wrap(setting, limits):
     for record in setting.trace.no_wrap:
         lane, ranges = setting.lane(record.shape)
-        yield decide(f"no-wrap: {record.what} at {record.loc}", ranges + record.path,
-                     record.holds(lane), setting, limits, _lane_shown(lane), context=_table_context(setting, record.loop))
+        claim, hypotheses, context = f"no-wrap: {record.what} at {record.loc}", ranges + record.path, \
+            _table_context(setting, record.loop)
+        termwise = _termwise(record, lane)
+        if termwise is not None:
+            proof = decide(claim, hypotheses, termwise, setting, limits, context=context)
+            if proof.status == PROVED:
+                yield proof
+                continue
+        yield decide(claim, hypotheses, record.holds(lane), setting, limits, _lane_shown(lane), context=context)
+
+
+def _termwise(record, lane):
+    """A sum of n terms fits if each term lies within 1/n of the range: a stronger goal, but Z3 bounds each
+    product alone (``b * sb``, ``i * si``) where it loses its way in their sum. None unless the result is a sum."""
+    exact = None if record.exact is None else record.exact(lane)
+    if exact is None or not z3.is_add(exact):
+        return None
+    low, high = signed_range(record.width)
+    n = exact.num_args()
+    return z3.And([z3.And(-(-low // n) <= term, term <= high // n) for term in exact.children()])
 
 
 def _lane_shown(lane, stem="lane"):
@@ -281,13 +301,16 @@ def tile_index(setting, role, lane, loop):
     block, size = _tile_block(setting, role, coordinates)
     if block is None or any(name not in coordinates for name in role.program.values()):
         return None
-    origin = block * size
+    if role.columns is not None and "bn" not in coordinates:
+        return None
     index, exists = [], []
     for axis, n in enumerate(setting.dims(role)):
         if axis in role.program:
             x = coordinates[role.program[axis]]
         elif axis == role.seq:
-            x = origin + lane[0]
+            x = block * size + lane[0]
+        elif axis == role.columns:
+            x = coordinates["bn"] * setting.launch.block(setting.config)[1] + lane[-1]
         elif axis == role.feature:
             x = lane[-1]
         else:
@@ -313,7 +336,7 @@ def address(setting, limits, proven):
         lane, ranges = setting.lane(access.ptr.shape)
         placed = tile_index(setting, role, lane, access.loop)
         claim = f"address: {access.op} of {access.arg} at {access.loc}"
-        if placed is None or len(access.ptr.shape) != 1 + (role.feature is not None):
+        if placed is None or len(access.ptr.shape) != 1 + (role.feature is not None or role.columns is not None):
             yield Proof(claim, TOOL, UNKNOWN, detail="the access's tile shape does not match its layout's axes")
             continue
         index, exists = placed
@@ -350,9 +373,8 @@ def coverage(setting, limits):
         return
     table, coordinates = setting.launch.key_loop
     role = setting.launch.tensors[table]
-    memory = z3.Function(f"{table}_value", z3.IntSort(), z3.IntSort())
     index = [setting.program[name] for name in coordinates]
-    ends = [memory(setting.layout(role, index + [end])) for end in (0, 1)]
+    ends = [memory(table)(setting.layout(role, index + [end])) for end in (0, 1)]
     wanted = z3.If(z3.And(ends[0] <= block, block < ends[1]), 1, 0)
     yield decide(f"coverage: {subject} each block of {table}[{', '.join(coordinates)}, 0:2] once, no other",
                  iterating, visits == wanted, setting, limits,
@@ -420,17 +442,20 @@ def _shifted_scores(source):
 def _masking_at(setting, source, what, loop, limits):
     lane, ranges = setting.lane(source.shape)
     try:
-        kept = _classify(source.at(lane), setting.launch.positive)
+        kept = _classify(source.at(lane), setting.launch)
     except Unsupported as why:
         return Proof(f"masking: the {what}", TOOL, UNKNOWN, detail=str(why))
     if len(kept.dots) != 1:
         return Proof(f"masking: the {what}", TOOL, UNKNOWN, detail=f"{len(kept.dots)} products reach it")
     i, j, facts = _score_indices(setting, kept.dots[0])
     geometry = setting.launch.geometry(setting.sizes, setting.config)
-    goal = z3.And(z3.Or(kept.raw, kept.neg_inf), kept.raw == may_attend(i, j, geometry))
+    allowed = z3.And(may_attend(i, j, geometry), *_pair_flags(setting, "mask", i, j, loop))
+    goal = z3.And(z3.Or(kept.raw, kept.neg_inf), kept.raw == allowed, *_read_at(setting, kept.biases, i, j))
     masked_at = f" (masked at {', '.join(dict.fromkeys(kept.selects))})" if kept.selects else " (no mask)"
     exists = z3.And(0 <= i, i < geometry.len_q)  # a padded row past Sq has no softmax in the spec
-    proof = decide(f"masking: {what} are -inf unless may_attend(i, j), on each row i < Sq{masked_at}",
+    data = "".join(f" and {name}[b, h, i, j]" for name, role in setting.launch.tensors.items()
+                   if role.pairs == "mask" and name in setting.accessed)
+    proof = decide(f"masking: {what} are -inf unless may_attend(i, j){data}, on each row i < Sq{masked_at}",
                    ranges + facts + _iterating(loop) + [exists],
                    goal, setting, limits, _lane_shown(lane) + [("i", i), ("j", j), ("score kept", kept.raw)],
                    context=_masking_context(setting, i, j, loop))
@@ -438,6 +463,31 @@ def _masking_at(setting, source, what, loop, limits):
     if proof.status == REFUTED and finite:
         proof = proof.but(detail=_finite_fill_detail(finite[0]))
     return proof
+
+
+def _pair_flags(setting, holds, i, j, loop):
+    """The flags of pair ``(i, j)`` in each tensor over pairs holding ``holds`` that the kernel reads: its element at
+    the program's batch and head is nonzero (where the pair exists; none past the ends)."""
+    flags, coordinates = [], setting.coordinates(loop)
+    for name, role in setting.launch.tensors.items():
+        if role.pairs != holds or name not in setting.accessed:
+            continue
+        index = [coordinates[role.program[axis]] if axis in role.program else i if axis == role.seq else j
+                 for axis in range(len(role.dims))]
+        exists = z3.And([z3.And(0 <= x, x < n) for x, n in zip(index, setting.dims(role))])
+        flags.append(z3.And(exists, memory(name)(
+            setting.layout(role, index)) != 0))
+    return flags
+
+
+def _read_at(setting, reads, i, j):
+    """Each bias element added to the score of pair ``(i, j)`` is pair ``(i, j)``'s (its tile's index map)."""
+    facts = []
+    for access, lane in reads:
+        role = setting.launch.tensors[access.arg]
+        index, _ = tile_index(setting, role, lane, access.loop)
+        facts += [index[role.seq] == i, index[role.columns] == j]
+    return facts
 
 
 def _masking_context(setting, i, j, loop):
@@ -464,68 +514,79 @@ SCORE_ARITHMETIC = ("arith.mulf", "arith.addf", "arith.subf", "arith.divf", "ari
 @dataclass(frozen=True)
 class Kept:
     """What a softmax-input element is: the raw score where ``raw``, ``-inf`` where ``neg_inf``; the products it
-    holds, the constants a mask fills with, and the lines of the selects on its way."""
+    holds, the constants a mask fills with, the lines of the selects on its way, and the bias elements added to it
+    (``(load, lane)``)."""
 
     raw: object
     neg_inf: object
-    dots: list
-    fills: list
-    selects: list
+    dots: list = ()
+    fills: list = ()
+    selects: list = ()
+    biases: list = ()
+
+    @staticmethod
+    def of(raw, neg_inf, parts, selects=()):
+        """A :class:`Kept` holding what each of ``parts`` holds."""
+        return Kept(raw, neg_inf, _unique([d for p in parts for d in p.dots]), [f for p in parts for f in p.fills],
+                    [*selects, *(s for p in parts for s in p.selects)], [b for p in parts for b in p.biases])
 
 
-def _classify(value, positive=frozenset()):
-    """:class:`Kept` of a softmax-input element. ``positive``: the float parameters the launch states positive
-    (a masked ``-inf`` times one stays ``-inf``)."""
+_NEITHER = Kept(z3.BoolVal(False), z3.BoolVal(False))
+
+
+def _classify(value, launch):
+    """:class:`Kept` of a softmax-input element. The launch says which float parameters are positive (a masked
+    ``-inf`` times one stays ``-inf``) and which tensors are score biases."""
     kind = value[0]
     if kind == "dot":
-        product = Kept(z3.BoolVal(True), z3.BoolVal(False), [value], [], [])
+        product = Kept(z3.BoolVal(True), z3.BoolVal(False), [value])
         accumulator = value[3].at(value[4])  # Triton's combine pass folds ``acc + dot`` into the dot
-        return product if accumulator == ("const", 0.0) else _sum([product, _addend(accumulator)])
+        return product if accumulator == ("const", 0.0) else _sum([product, _addend(accumulator, launch)])
     if kind == "const":
-        return Kept(z3.BoolVal(False), z3.BoolVal(value[1] == -math.inf), [], [value[1]], [])
+        return Kept(z3.BoolVal(False), z3.BoolVal(value[1] == -math.inf), fills=[value[1]])
     if kind == "select":
-        one, other = _classify(value[2], positive), _classify(value[3], positive)
-        return Kept(z3.If(value[1], one.raw, other.raw), z3.If(value[1], one.neg_inf, other.neg_inf),
-                    _unique(one.dots + other.dots), one.fills + other.fills, [value[4]] + one.selects + other.selects)
+        one, other = _classify(value[2], launch), _classify(value[3], launch)
+        return Kept.of(z3.If(value[1], one.raw, other.raw), z3.If(value[1], one.neg_inf, other.neg_inf), [one, other],
+                       [value[4]])
     if kind == "op" and value[1] in SCORE_ARITHMETIC:
         operands = [a for a in value[2:] if isinstance(a, tuple)]
         scored = [a for a in operands if _has_dot(a)]
         if value[1] == "arith.addf" and scored:
-            return _sum([_classify(a, positive) if _has_dot(a) else _addend(a) for a in operands])
+            return _sum([_classify(a, launch) if _has_dot(a) else _addend(a, launch) for a in operands])
         if len(scored) == 1 and (value[1] == "arith.mulf" or value[1] == "arith.divf" and scored[0] is operands[0]):
             factor = next(a for a in operands if a is not scored[0])
-            if factor[0] == "const" and factor[1] > 0 or factor[0] == "param" and factor[1] in positive:
-                return _classify(scored[0], positive)  # -inf times a positive factor stays -inf
-        parts = [_classify(a, positive) for a in scored]
+            if factor[0] == "const" and factor[1] > 0 or factor[0] == "param" and factor[1] in launch.positive:
+                return _classify(scored[0], launch)  # -inf times a positive factor stays -inf
+        parts = [_classify(a, launch) for a in scored]
         if parts:  # a function of the scores its operands hold (tanh's quotient has one in each)
-            return Kept(z3.And(*(p.raw for p in parts)), z3.BoolVal(False), _unique(sum((p.dots for p in parts), [])),
-                        sum((p.fills for p in parts), []), sum((p.selects for p in parts), []))
+            return Kept.of(z3.And(*(p.raw for p in parts)), z3.BoolVal(False), parts)
     if kind in ("opaque", "param", "load"):
-        return Kept(z3.BoolVal(False), z3.BoolVal(False), [], [], [])
+        return _NEITHER
     raise Unsupported(f"score expression {kind} {value[1] if kind == 'op' else ''}", "the softmax input")
 
 
-def _addend(value):
+def _addend(value, launch):
     """:class:`Kept` of a term added to the scores that holds none: a constant, a select between such terms (an
-    additive mask, ``where(allowed, 0, -inf)``), or a parameter (finite); anything else is not classified."""
+    additive mask, ``where(allowed, 0, -inf)``), a parameter (finite), or an element of a score bias (part of the
+    score, as the spec adds it before the mask); anything else is not classified."""
     kind = value[0]
     if kind == "const":  # adding 0 keeps the score; a finite other constant is a finite fill (-1e6)
-        return Kept(z3.BoolVal(False), z3.BoolVal(value[1] == -math.inf), [], [value[1]] if value[1] else [], [])
+        return Kept(z3.BoolVal(False), z3.BoolVal(value[1] == -math.inf), fills=[value[1]] if value[1] else [])
     if kind == "select":
-        one, other = _addend(value[2]), _addend(value[3])
-        return Kept(z3.BoolVal(False), z3.If(value[1], one.neg_inf, other.neg_inf), [], one.fills + other.fills,
-                    [value[4]] + one.selects + other.selects)
+        one, other = _addend(value[2], launch), _addend(value[3], launch)
+        return Kept.of(z3.BoolVal(False), z3.If(value[1], one.neg_inf, other.neg_inf), [one, other], [value[4]])
     if kind == "param":
-        return Kept(z3.BoolVal(False), z3.BoolVal(False), [], [], [])
-    raise Unsupported(f"a score plus a {kind} term (a data mask or a bias: not modelled)", "the softmax input")
+        return _NEITHER
+    if kind == "load" and launch.tensors.get(value[1].arg, TensorRole(())).pairs == "bias":
+        return Kept(z3.BoolVal(False), z3.BoolVal(False), biases=[(value[1], value[2])])
+    raise Unsupported(f"a score plus a {kind} term (not a tensor the launch names a score bias)", "the softmax input")
 
 
 def _sum(parts):
     """A sum of scores and addends: the raw score where every addend is finite, ``-inf`` where any term is (scores
     and addends are never ``+inf``)."""
-    return Kept(z3.And(*[p.raw for p in parts if p.dots], *[z3.Not(p.neg_inf) for p in parts if not p.dots]),
-                z3.Or(*[p.neg_inf for p in parts]), _unique(sum((p.dots for p in parts), [])),
-                sum((p.fills for p in parts), []), sum((p.selects for p in parts), []))
+    return Kept.of(z3.And(*[p.raw for p in parts if p.dots], *[z3.Not(p.neg_inf) for p in parts if not p.dots]),
+                   z3.Or(*[p.neg_inf for p in parts]), parts)
 
 
 def _has_dot(value):
@@ -597,6 +658,8 @@ def merge(setting, limits):
     except Unsupported as why:
         yield Proof(f"merge: the loop at {loop.loc}", TOOL, UNKNOWN, detail=str(why))
         return
+    for holds, load in tiles.flags:
+        yield _flags_are_pairs(setting, holds, load, limits)
     ieee = folding.IEEE(setting.trace, loop.carried[0][0].kind.width)
     probe = tuple(z3.IntVal(0) for _ in loop.carried[0][1].shape)
     loads = [a for a in setting.trace.accesses if a.op == "load" and a.loop is loop] + tiles.read
@@ -619,6 +682,25 @@ def merge(setting, limits):
         yield _decide_lanes(f"merge: {name}{stored} after an iteration of the loop at {loop.loc} is {fold.says}.{name}, "
                             f"op for op (s: the scores {scores_at}; reads {reads})",
                             [yielded], [expected], ieee, _iterating(loop), setting, limits, search)
+
+
+def _flags_are_pairs(setting, holds, load, limits):
+    """The flag tile a fold weighs by (:meth:`LoopTiles.where_pairs`) holds, on each lane, whether the element of
+    the lane's pair ``(b, h, i, j)`` is nonzero, and False past the ends."""
+    role = setting.launch.tensors[load.arg]
+    lane, ranges = setting.lane(load.ptr.shape)
+    placed = tile_index(setting, role, lane, load.loop)
+    claim = f"merge: the {holds} flags read at {load.loc} are {load.arg}[b, h, i, j] != 0 (False past the ends)"
+    if placed is None:
+        return Proof(claim, TOOL, UNKNOWN, detail="no logical index for its lanes")
+    index, exists = placed
+    element = memory(load.arg)(setting.layout(role, index))
+    return decide(claim, ranges + load.path + (_iterating(load.loop) if load.loop else []),
+                  (load.value.at(lane) != 0) == z3.And(exists, element != 0), setting, limits, _lane_shown(lane), context=_table_context(setting, load.loop))
+
+
+def _all(conditions):
+    return conditions[0] if len(conditions) == 1 else z3.And(conditions)
 
 
 def _stored_order(setting, loop, fold):
@@ -671,14 +753,18 @@ def _fold_scores(setting, loop, where):
 class LoopTiles:
     """What a fold reads in one loop, as tiles of value trees (:class:`folding.TreeTile`; a row vector as ``[n, 1]``):
     the scores ``s``, the scores before their mask (``capped``), a tensor's tile (``tiles["V"]``: its one load in the
-    loop, else in the innermost loop around it, else outside every loop) and a table's element
-    (``tiles.element("SCALARS", 1)``). ``read`` lists the loads taken."""
+    loop, else in the innermost loop around it, else outside every loop), a table's element
+    (``tiles.element("SCALARS", 1)``) and a tile chosen by flags (``where_pairs``). ``read`` lists the loads taken;
+    ``flags`` the flag loads the fold trusts to be the pairs' flags (the merge theorem proves them so)."""
 
     def __init__(self, setting, loop, scores):
-        self.setting, self.loop, self.read = setting, loop, []
+        self.setting, self.loop, self.read, self.flags = setting, loop, [], []
         self.s = folding.TreeTile.rows(scores)
 
     def __getitem__(self, tensor):
+        return folding.TreeTile.rows(self._load(tensor).value)
+
+    def _load(self, tensor):
         loads = [a for a in self.setting.trace.accesses if a.op == "load" and a.arg == tensor]
         for scope in (self.loop, *_outer_loops(self.loop), None):
             here = [a for a in loads if a.loop is scope]
@@ -686,7 +772,7 @@ class LoopTiles:
                 raise Unsupported(f"{len(here)} loads of {tensor} ({', '.join(a.loc for a in here)})", self.loop.loc)
             if here:
                 self.read.append(here[0])
-                return folding.TreeTile.rows(here[0].value)
+                return here[0]
         raise Unsupported(f"a fold reading {tensor}, which the kernel does not load", self.loop.loc)
 
     def element(self, tensor, offset):
@@ -697,10 +783,37 @@ class LoopTiles:
         self.read.append(loads[0])
         return folding.TreeTile((), lambda lane: loads[0].value.at(()))
 
+    def where_pairs(self, holds, value, other):
+        """A tile of ``value`` (a scalar tile) where the kernel's tile of each flag tensor over pairs holding
+        ``holds`` (the dropout keep mask) is nonzero, else the constant ``other``. The flags are the kernel's own
+        loads, so the trees compare node for node; :func:`_flags_are_pairs` proves each lane's is its pair's."""
+        names = [name for name, role in self.setting.launch.tensors.items()
+                 if role.pairs == holds and name in self.setting.accessed]
+        loads = [self._load(name) for name in names]
+        self.flags += [(holds, load) for load in loads]
+        return folding.TreeTile(self.s.shape, lambda lane: (
+            "select", _all([load.value.at(lane) != 0 for load in loads]), value.at(()), ("const", other),
+            f"the {holds} flags"))
+
     @property
     def capped(self):
-        comparisons = self.setting.trace.comparisons
-        return folding.TreeTile(self.s.shape, lambda lane: folding.unmasked(self.s.at(lane), comparisons))
+        """The scores before their mask and their bias: what a softcap's slope is a function of."""
+        comparisons, launch = self.setting.trace.comparisons, self.setting.launch
+        return folding.TreeTile(self.s.shape, lambda lane: _unbiased(folding.unmasked(self.s.at(lane), comparisons),
+                                                                     launch))
+
+
+def _unbiased(tree, launch):
+    """``x`` of ``x + bias`` (a bias element, 0 where its load is masked off), else the tree."""
+    if tree[0] == "op" and tree[1] == "arith.addf" and _is_bias(tree[3], launch):
+        return tree[2]
+    return tree
+
+
+def _is_bias(tree, launch):
+    if tree[0] == "select":
+        return all(_is_bias(branch, launch) or branch == ("const", 0.0) for branch in tree[2:4])
+    return tree[0] == "load" and launch.tensors.get(tree[1].arg, TensorRole(())).pairs == "bias"
 
 
 def _row_max(setting, loop):
@@ -751,14 +864,17 @@ WITNESS_LENGTHS = (8, 4096)  # the integer valuation a witness prefers: every le
 
 def _witness(setting, hypotheses, goal, trees, lanes, ieee, search, limits):
     """``({valuation, kernel, spec}, integer model)`` where the trees evaluate to different bits, or None. The
-    integers come first from a launch whose every length lies in WITNESS_LENGTHS at lane 0 (so the lane's row
-    and the tile's first keys exist: a degenerate launch of masked rows hides most differences), else from the
-    smallest launch."""
+    integers come first from a launch whose every length lies in WITNESS_LENGTHS at lane 0, every data mask and
+    keep flag set (so the lane's row and the tile's first keys exist and count: a degenerate launch of masked rows
+    hides most differences), else from the smallest launch."""
     loop, loads, unit = search
     query = setting.facts + list(hypotheses)
     query += setting.table_facts(query + [goal], _table_context(setting, loop))
     low, high = WITNESS_LENGTHS
     preferred = [low <= n for n in setting.sizes.values()] + [n <= high for n in setting.sizes.values()]
+    anywhere = z3.Int("anywhere")
+    preferred += [z3.ForAll([anywhere], memory(name)(anywhere) == 1) for name, role in setting.launch.tensors.items()
+                  if role.pairs in ("mask", "keep") and name in setting.accessed]  # every pair allowed and kept
     for model in (_model(query + preferred + [x == 0 for x in lanes], limits),
                   _small_counterexample(query, setting, limits.budget())):
         if model is None:

@@ -30,7 +30,10 @@ print(json.dumps([[p.status, p.claim, p.detail] for p in proofs]))
 """
 # kernel -> its description in attnformal/ttir/launch.py
 LAUNCHES = {"_attn_fwd": "FORWARD", "_attn_bwd_dq": "BACKWARD_DQ", "_attn_bwd_dkdv": "BACKWARD_DKDV"}
-NOT_CAUSAL, BOTTOM_RIGHT, SOFTCAP = 0, 2, 3  # indices into FORWARD.configs (CAUSAL_MODES order, then with softcap)
+# indices into FORWARD.configs: CAUSAL_MODES order, then with the softcap, then with every feature (data masks, bias)
+NOT_CAUSAL, BOTTOM_RIGHT, SOFTCAP, EVERY_FEATURE = 0, 2, 3, 6
+CONFIG_IDS = [f"{causal}{features}" for features in ("", ", softcap", ", every feature")
+              for causal in ("not causal", "top-left", "bottom-right")]
 TARGET = os.environ.get("ATTNFORMAL_TTIR_TARGET", "cuda")  # whose front end lowers the kernels
 
 
@@ -124,7 +127,26 @@ FORWARD_PLANTED = [
     ("lse (row max) stored under the wrong mask", _plant("tl.store(M_PART + state_rows, m_i, mask=in_rows)",
                                                          "tl.store(M_PART + state_rows, m_i, mask=rows < seq_k)"),
      "writes", "writes: no two programs or lanes store the same M_PART", ("_attn_fwd", "tl.store(M_PART", 0), NOT_CAUSAL),
+    ("attn_mask's False let through", _plant("allowed = allowed & _load_flags(", "allowed = allowed | _load_flags(",
+                                             anywhere=True),
+     "masking", "masking:", ("_tile_scores", "s = tl.where(allowed", 0), EVERY_FEATURE),
+    ("mask flags read transposed", _plant("rows[:, None].to(tl.int64) * stride_i + cols[None, :].to(tl.int64) * stride_j",
+                                          "rows[:, None].to(tl.int64) * stride_j + cols[None, :].to(tl.int64) * stride_i",
+                                          anywhere=True),
+     "address", "address: load of ATTN_MASK", ("_load_flags", "flags = tl.load(", 0), EVERY_FEATURE),
+    ("bias of the batch's first head", _plant("bias_base = BIAS + bh * seq_q * seq_k",
+                                              "bias_base = BIAS + b * heads_q * seq_q * seq_k"),
+     "address", "address: load of BIAS", ("_load_rows", "return tl.load(", 0), EVERY_FEATURE),
+    ("keep flags of head 0", _plant("keep_base = _flags_base(KEEP, b, h,", "keep_base = _flags_base(KEEP, b, 0,"),
+     "merge", "merge: the keep flags", ("_load_flags", "flags = tl.load(", 0), EVERY_FEATURE),
     # the merge theorem names the first line where the kernel's (m, l, acc) tree departs from the spec's
+    ("dropout applied before the denominator",
+     _plant("        l_ij = tl.sum(p, 1)\n        if HAS_KEEP:\n"
+            "            p = p * _keep_weights(rows, cols, seq_q, seq_k, keep_scale, keep_base, keep_si, keep_sj)\n",
+            "        if HAS_KEEP:\n"
+            "            p = p * _keep_weights(rows, cols, seq_q, seq_k, keep_scale, keep_base, keep_si, keep_sj)\n"
+            "        l_ij = tl.sum(p, 1)\n"),
+     "merge", "merge: l after an iteration", ("_attn_fwd", "p = p * _keep_weights(", 0), EVERY_FEATURE),
     ("l not rescaled by alpha", _plant("return m, alpha * l_a +", "return m, l_a +", anywhere=True),
      "merge", "merge: l after an iteration", ("_merge", "return m, ", 0), NOT_CAUSAL),
     ("acc weights swapped", _plant("alpha[:, None] * acc_a + beta[:, None] * acc_b",
@@ -151,6 +173,10 @@ DQ_PLANTED = [
     ("dQ: tail rows stored past the end", _plant("mask=(rows[:, None] < seq_q) & (dims[None, :] < head_dim))",
                                                   "mask=dims[None, :] < head_dim)", function=DQ),
      "address", "address: store of DQ", (DQ, "tl.store(DQ", 0), NOT_CAUSAL),
+    ("dQ: dS stored to DBIAS with Sq's row stride", _plant("rows[:, None].to(tl.int64) * seq_k + cols[None, :], ds,",
+                                                         "rows[:, None].to(tl.int64) * seq_q + cols[None, :], ds,",
+                                                         function=DQ),
+     "address", "address: store of DBIAS", (DQ, "tl.store(DBIAS", 0), EVERY_FEATURE),
     # the merge theorem holds each loop's gradient sums to the spec's state + score_grads(s, ...), op for op
     ("dQ: dS with delta added", _plant("ds = p * (dp - delta[:, None])", "ds = p * (dp + delta[:, None])",
                                       anywhere=True),
@@ -188,6 +214,13 @@ DKDV_PLANTED = [
                                                              "        dk = tl.zeros([BLOCK_N, BLOCK_D], LSE.dtype.element_ty)\n",
                                                              function=DKDV),
      "merge", "merge: the loop at", (DKDV, "for g in range(", 0), NOT_CAUSAL),
+    ("dK/dV: dV without the dropout weights", _plant("p_kept = p * weights", "p_kept = p", anywhere=True),
+     "merge", "merge: dv (stored to ", (DKDV, "dv += _dot(", 0), EVERY_FEATURE),
+    ("dK/dV: dK's slope of the biased scores", _plant("        s = s + _load_rows(bias_base, rows, cols, seq_q, seq_k)\n",
+                                                      "        s = s + _load_rows(bias_base, rows, cols, seq_q, seq_k)\n"
+                                                      "        slope = 1.0 - (s / softcap) * (s / softcap)\n",
+                                                      anywhere=True),
+     "merge", "merge: dk (stored to ", ("_tile_scores", "slope = 1.0 - (s / softcap)", 0), EVERY_FEATURE),
     ("dK/dV: DK stores the dV sum", _plant("dk.to(DK.dtype.element_ty)", "dv.to(DK.dtype.element_ty)", function=DKDV),
      "merge", "merge: dk (stored to DK", (DKDV, "tl.store(DK", 0), NOT_CAUSAL),
 ]
@@ -195,31 +228,38 @@ PLANTED = [(*planted, "_attn_fwd") for planted in FORWARD_PLANTED] + [(*planted,
     + [(*planted, DKDV) for planted in DKDV_PLANTED]
 
 
-@pytest.mark.parametrize("config", range(6), ids=[f"{causal}{softcap}" for softcap in ("", ", softcap")
-                                                   for causal in ("not causal", "top-left", "bottom-right")])
+def _count(counts, config):
+    """The number of theorems of a configuration: without features, with the softcap, with every feature."""
+    return counts[2 if config >= EVERY_FEATURE else 1 if config >= SOFTCAP else 0]
+
+
+@pytest.mark.parametrize("config", range(len(CONFIG_IDS)), ids=CONFIG_IDS)
 def test_shipped_forward_is_proved_for_all_shapes(config):
     """Each shipped configuration (128x64): no-wrap, address, bounds, masking (at the row max and at the exp),
     coverage, writes and merge (the unit, then m, l and acc), all proved (loading the softcap scalar adds its
-    pointer's no-wrap and its bounds)."""
+    pointer's no-wrap and its bounds). With every feature the masking claim includes the attn_mask's element and
+    the merge proves the dropout weights' keep flags are the pairs'."""
     proofs = _prove("no-wrap,address,bounds,masking,coverage,writes,merge", config=config)
-    assert len(proofs) == (88 if config >= SOFTCAP else 86) and all(status == "proved" for status, _, _ in proofs), \
+    assert len(proofs) == _count((86, 88, 118), config) and all(status == "proved" for status, _, _ in proofs), \
         [p for p in proofs if p[0] != "proved"]
     assert {claim.split(":")[0] for _, claim, _ in proofs} >= {"no-wrap", "address", "bounds", "masking", "coverage",
                                                                "writes", "merge"}
-    assert sum(claim.startswith("merge:") for _, claim, _ in proofs) == 4
+    every = config >= EVERY_FEATURE
+    assert sum(claim.startswith("merge:") for _, claim, _ in proofs) == 4 + every
+    assert every == any(claim.startswith("merge: the keep flags") for _, claim, _ in proofs)
+    assert every == all("and ATTN_MASK[b, h, i, j]" in claim for _, claim, _ in proofs if claim.startswith("masking:"))
 
 
-@pytest.mark.parametrize("config", range(6), ids=[f"{causal}{softcap}" for softcap in ("", ", softcap")
-                                                   for causal in ("not causal", "top-left", "bottom-right")])
-@pytest.mark.parametrize("function, count, table, sums", [(DQ, 79, "KV_RANGES[b, bm, 0:2]", ("dq",)),
-                                                           (DKDV, 93, "Q_RANGES[b, bn, 0:2]", ("dk", "dv"))])
-def test_shipped_backward_is_proved_for_all_shapes(config, function, count, table, sums):
+@pytest.mark.parametrize("config", range(len(CONFIG_IDS)), ids=CONFIG_IDS)
+@pytest.mark.parametrize("function, counts, table, sums", [(DQ, (79, 81, 116), "KV_RANGES[b, bm, 0:2]", ("dq",)),
+                                                            (DKDV, (93, 95, 125), "Q_RANGES[b, bn, 0:2]", ("dk", "dv"))])
+def test_shipped_backward_is_proved_for_all_shapes(config, function, counts, table, sums):
     """The dQ and dK/dV kernels, each shipped configuration: the forward's theorems over Q, DO, LSE, DELTA, K, V and
     the stores; masking at the exp that weighs the scores by the saved lse (the backward has no row max); dK/dV's
     loop over the query heads of its group runs over exactly [0, G); each gradient sum starts from 0 and adds the
     spec's score_grads of each tile (dK/dV's head loop carries them through its query-block loop)."""
     proofs = _prove("no-wrap,address,bounds,masking,coverage,writes,merge", config=config, function=function)
-    assert len(proofs) == count + 2 * (config >= SOFTCAP) and all(status == "proved" for status, _, _ in proofs), \
+    assert len(proofs) == _count(counts, config) and all(status == "proved" for status, _, _ in proofs), \
         [p for p in proofs if p[0] != "proved"]
     assert any(claim.startswith("masking: scores weighed by the exp") for _, claim, _ in proofs)
     assert any(claim.startswith("coverage: the block loop") and table in claim for _, claim, _ in proofs)

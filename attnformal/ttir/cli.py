@@ -13,11 +13,15 @@ from attnformal.ttir.theorems import Limits, load_attr, prove_launch
 
 
 def launch_for(target: str):
-    """The launch description of a kernel: by ``module:attr``, or by the attribute's name for a file copy."""
+    """The launch description of a kernel: by ``module:attr``; for a file, by its name and the attribute (a
+    third-party kernel's description is keyed by its file's name), else by the attribute's name alone among the
+    project's modules (a copy of one of its kernels)."""
     if target in LAUNCHES:
         return LAUNCHES[target]
-    attr = target.rpartition(":")[2]
-    matches = [launch for name, launch in LAUNCHES.items() if name.rpartition(":")[2] == attr]
+    where, _, attr = target.rpartition(":")
+    stem = where.rpartition("/")[2].removesuffix(".py")
+    matches = [launch for name, launch in LAUNCHES.items() if name == f"{stem}:{attr}"] or \
+        [launch for name, launch in LAUNCHES.items() if name.endswith(f":{attr}") and "." in name.partition(":")[0]]
     if len(matches) != 1:
         raise ValueError(f"argument '--triton': no launch description for {target!r}; known: {', '.join(LAUNCHES)}")
     return matches[0]

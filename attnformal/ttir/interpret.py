@@ -24,6 +24,7 @@ theorems then report *unknown*, never proved.
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -46,8 +47,24 @@ class Ptr:
 
 
 @dataclass(frozen=True)
+class BlockPtr:
+    """``tt.make_tensor_ptr``: a tile of a strided view. Lane ``x`` of the tile is the element at
+    ``base + sum((offsets[k] + x[k]) * strides[k])``, inside the view where ``0 <= offsets[k] + x[k] < shape[k]``."""
+
+    base: Ptr
+    shape: tuple  # Z3 Ints, one per dimension
+    strides: tuple
+    offsets: tuple
+    block: tuple  # the tile's shape (ints)
+
+    def moved(self, offsets):
+        return BlockPtr(self.base, self.shape, self.strides, tuple(offsets), self.block)
+
+
+@dataclass(frozen=True)
 class Kind:
-    """An element type: ``int`` (with width), ``bool``, ``ptr`` (pointee), ``float`` (width)."""
+    """An element type: ``int`` (with width), ``bool``, ``ptr`` (pointee), ``float`` (width), ``block`` (a
+    :class:`BlockPtr`)."""
 
     name: str
     width: int = 0
@@ -127,9 +144,22 @@ class Trace:
     no_wrap: list[NoWrap] = field(default_factory=list)
     loops: list[Loop] = field(default_factory=list)
     definitions: list = field(default_factory=list)  # Z3 facts defining fresh symbols (div, rem)
-    reductions: list = field(default_factory=list)  # (combiners, input Tensor, loc, innermost Loop or None)
-    exponentials: list = field(default_factory=list)  # (input Tensor, loc, innermost Loop or None) of exp, exp2
+    reductions: list = field(default_factory=list)  # (combiners, input Tensor, loc, innermost Loop or None, path)
+    exponentials: list = field(default_factory=list)  # (input Tensor, loc, innermost Loop or None, path) of exp, exp2
     comparisons: dict = field(default_factory=dict)  # cmpf's per-lane Bool function name -> (predicate, a, b)
+
+    def mark(self):
+        """Where the records end now: :meth:`rewind` drops what a run after it added (a loop body run twice)."""
+        return {name: len(getattr(self, name)) for name in _RECORDS}, dict(self.comparisons)
+
+    def rewind(self, mark):
+        lengths, comparisons = mark
+        for name, length in lengths.items():
+            del getattr(self, name)[length:]
+        self.comparisons = comparisons
+
+
+_RECORDS = ("accesses", "no_wrap", "loops", "definitions", "reductions", "exponentials")
 
 
 # ------------------------------------------------------------------------ types
@@ -501,8 +531,13 @@ def _addptr(interp, op, env, path):
 def _load(interp, op, env, path):
     names = _operands(op.body)
     pointer = env[names[0]]
-    mask = env[names[1]] if len(names) > 1 else None
-    other = env[names[2]] if len(names) > 2 else None
+    if pointer.kind.name == "block":
+        pointer, mask = _block_tile(interp, op, pointer, path)
+        padding = math.nan if re.search(r'padding = 2\b', op.body) else 0.0  # Triton's PaddingOption: 1 zero, 2 nan
+        other = None if mask is None else Tensor(pointer.shape, Kind("float", 32), lambda lane: ("const", padding))
+    else:
+        mask = env[names[1]] if len(names) > 1 else None
+        other = env[names[2]] if len(names) > 2 else None
     shape, kind = pointer.shape, Kind(_pointee_kind(op), pointer.kind.width)
     access = Access("load", pointer.at(tuple(z3.IntVal(0) for _ in shape)).arg, pointer, mask, op.loc, list(path),
                     loop=interp.loop())
@@ -524,13 +559,51 @@ def _load(interp, op, env, path):
     return [access.value]
 
 
+def _block_tile(interp, op, block_pointer, path):
+    """A block pointer's tile as a tensor of pointers (their i64 offsets must not wrap), and the mask of its
+    ``boundaryCheck`` dimensions (None without one: every lane is accessed)."""
+    tile = block_pointer.at(())
+    pointer = Tensor(tile.block, Kind("ptr", block_pointer.kind.width), lambda lane: Ptr(
+        tile.base.arg, tile.base.offset + z3.Sum([(o + x) * s for o, x, s in zip(tile.offsets, lane, tile.strides)])))
+    interp.no_wrap(op, pointer, lambda lane: pointer.at(lane).offset, 64, path)
+    checked = re.search(r'boundaryCheck = array<i32: ([\d, ]+)>', op.body)
+    if checked is None:
+        return pointer, None
+    dims = [int(d) for d in checked.group(1).split(",")]
+    return pointer, Tensor(tile.block, Kind("bool", 1), lambda lane: z3.And(
+        [z3.And(0 <= tile.offsets[k] + lane[k], tile.offsets[k] + lane[k] < tile.shape[k]) for k in dims]))
+
+
+@handles("tt.make_tensor_ptr")
+def _make_tensor_ptr(interp, op, env, path):
+    block, kind = parse_type(_types(op).strip().removeprefix("!tt.ptr")[1:-1])  # <tensor<128x64xf16>>
+    names = _operands(op.body)
+    base, *rest = (env[n].at(()) for n in names)
+    rank = len(block)
+    if len(rest) != 3 * rank:
+        raise ValueError(f"{len(rest)} shape, stride and offset operands for a rank-{rank} tile")
+    tile = BlockPtr(base, tuple(rest[:rank]), tuple(rest[rank:2 * rank]), tuple(rest[2 * rank:]), block)
+    return [_scalar(Kind("block", kind.width), tile)]
+
+
+@handles("tt.advance")
+def _advance(interp, op, env, path):
+    names = _operands(op.body)
+    pointer = env[names[0]]
+    tile = pointer.at(())
+    offsets = [o + env[n].at(()) for o, n in zip(tile.offsets, names[1:])]
+    for offset in offsets:  # the offsets are i32
+        interp.no_wrap(op, _scalar(Kind("int", 32), offset), lambda lane, o=offset: o, 32, path)
+    return [_scalar(pointer.kind, tile.moved(offsets))]
+
+
 def memory(arg):
     """An integer tensor's contents: its element at each offset (one uninterpreted function per argument)."""
     return z3.Function(f"{arg}_value", z3.IntSort(), z3.IntSort())
 
 
 def _pointee_kind(op):
-    pointee = re.search(r'!tt\.ptr<([^>]+)>', op.body).group(1)
+    pointee = re.search(r'!tt\.ptr<(?:tensor<(?:\d+x)*)?([^>]+)>', op.body).group(1)
     return _scalar_kind(pointee).name
 
 
@@ -538,7 +611,10 @@ def _pointee_kind(op):
 def _store(interp, op, env, path):
     names = _operands(op.body)
     pointer, value = env[names[0]], env[names[1]]
-    mask = env[names[2]] if len(names) > 2 else None
+    if pointer.kind.name == "block":
+        pointer, mask = _block_tile(interp, op, pointer, path)
+    else:
+        mask = env[names[2]] if len(names) > 2 else None
     arg = pointer.at(tuple(z3.IntVal(0) for _ in pointer.shape)).arg
     interp.trace.accesses.append(Access("store", arg, pointer, mask, op.loc, list(path), value, interp.loop()))
     return []
@@ -573,7 +649,7 @@ for _name in ("math.log", "math.log2", "math.absf", "math.sqrt", "arith.negf", "
 @handles("math.exp", "math.exp2")
 def _exponential(interp, op, env, path):
     """As any unary float op, and recorded: a softmax's weights are the exponentials of the masked scores."""
-    interp.trace.exponentials.append((env[_operands(op.body)[0]], op.loc, interp.loop()))
+    interp.trace.exponentials.append((env[_operands(op.body)[0]], op.loc, interp.loop(), list(path)))
     return _float_op(1)(interp, op, env, path)
 
 
@@ -608,7 +684,7 @@ def _reduce(interp, op, env, path):
     axis = _attr_int(op, "axis")
     combiners = [o.name for o in op.regions[0].ops if o.name != "tt.reduce.return"]
     shape = source.shape[:axis] + source.shape[axis + 1:]
-    interp.trace.reductions.append((tuple(combiners), source, op.loc, interp.loop()))
+    interp.trace.reductions.append((tuple(combiners), source, op.loc, interp.loop(), list(path)))
     return [Tensor(shape, Kind("float", 32), lambda lane: ("reduce", tuple(combiners), source, axis, lane))]
 
 
@@ -626,6 +702,9 @@ _FOR = re.compile(r'^(%[\w$.#-]+) = (%[\w$.#-]+) to (%[\w$.#-]+) step (%[\w$.#-]
 
 @handles("scf.for")
 def _for(interp, op, env, path):
+    """The body once, at an arbitrary iteration. A carried float is opaque there; a carried integer or block pointer
+    must move by a loop-invariant step (``curr += BLOCK``, ``tl.advance(p, (BLOCK, 0))``): a first run finds the step,
+    and the body is run again with the value of iteration ``k``, ``initial + k * step``."""
     match = _FOR.match(op.body)
     iv_name, lower, upper, step = match.group(1), *(env[n].at(()) for n in match.groups()[1:4])
     if not (z3.is_int_value(z3.simplify(step)) and z3.simplify(step).as_long() >= 1):
@@ -634,21 +713,78 @@ def _for(interp, op, env, path):
     loop = Loop(iv, lower, upper, op.loc, list(path), interp.loop(), step=z3.simplify(step).as_long())
     inside = path + [loop.iteration(iv)]
     interp.trace.loops.append(loop)
-    body_env = dict(env)
-    body_env[iv_name] = _scalar(Kind("int", 32), iv)
     carried = re.findall(r'(%[\w$.#-]+) = (%[\w$.#-]+)', match.group(5) or "")
-    for name, init in carried:
-        initial = env[init]
-        if initial.kind.name != "float":
-            raise Unsupported("scf.for carrying an integer or pointer value", op.loc)
-        body_env[name] = Tensor(initial.shape, initial.kind, lambda lane, n=name: ("opaque", n, lane))
-    interp.loops.append(loop)
-    yielded = interp.block(op.regions[0].ops, body_env, inside)
-    interp.loops.pop()
-    loop.carried = [(env[init], body_env[name], out) for (name, init), out in zip(carried, yielded)]
-    loop.results = [Tensor(env[init].shape, env[init].kind, lambda lane, n=result: ("opaque", n, lane))
-                    for (_, init), result in zip(carried, op.results)]
-    return loop.results
+    floats = [k for k, (_, init) in enumerate(carried) if env[init].kind.name == "float"]
+    moving = [k for k in range(len(carried)) if k not in floats]
+    if any(env[carried[k][1]].shape for k in moving):
+        raise Unsupported("scf.for carrying a tensor of integers or pointers", op.loc)
+
+    def body(values):
+        body_env = dict(env, **{iv_name: _scalar(Kind("int", 32), iv)})
+        for k, (name, init) in enumerate(carried):
+            initial = env[init]
+            body_env[name] = values[k] if k in values else \
+                Tensor(initial.shape, initial.kind, lambda lane, n=name: ("opaque", n, lane))
+        interp.loops.append(loop)
+        yielded = interp.block(op.regions[0].ops, body_env, inside)
+        interp.loops.pop()
+        return body_env, yielded
+
+    mark = interp.trace.mark()
+    probes = {k: _moved(env[carried[k][1]], [interp.fresh("carried") for _ in _coordinates(env[carried[k][1]])])
+              for k in moving}
+    body_env, yielded = body(probes)
+    steps = {k: _step(probes[k], yielded[k], op) for k in moving}
+    if moving:
+        interp.trace.rewind(mark)
+        count = (iv - lower) / loop.step  # the iterations before this one (iv - lower is a multiple of the step)
+        body_env, yielded = body({k: _advanced(env[carried[k][1]], steps[k], count) for k in moving})
+    loop.carried = [(env[carried[k][1]], body_env[carried[k][0]], yielded[k]) for k in floats]
+    trips = z3.If(upper > lower, (upper - lower + loop.step - 1) / loop.step, 0)
+    results = [_advanced(env[init], steps[k], trips) if k in steps else
+               Tensor(env[init].shape, env[init].kind, lambda lane, n=result: ("opaque", n, lane))
+               for k, ((_, init), result) in enumerate(zip(carried, op.results))]
+    loop.results = [results[k] for k in floats]
+    return results
+
+
+def _coordinates(value):
+    """The integers that move in a carried scalar: an integer's value, a pointer's offset, a block pointer's
+    offsets."""
+    element = value.at(())
+    return list(element.offsets) if value.kind.name == "block" else \
+        [element.offset] if value.kind.name == "ptr" else [element]
+
+
+def _moved(value, coordinates):
+    element = value.at(())
+    if value.kind.name == "block":
+        return _scalar(value.kind, element.moved(coordinates))
+    return _scalar(value.kind, Ptr(element.arg, coordinates[0]) if value.kind.name == "ptr" else coordinates[0])
+
+
+def _advanced(initial, steps, count):
+    return _moved(initial, [x + count * d for x, d in zip(_coordinates(initial), steps)])
+
+
+def _step(probe, yielded, op):
+    """What one iteration adds to each coordinate of a carried integer or block pointer; Unsupported unless it is
+    the same in every iteration (no coordinate of the probe in it) and a block pointer keeps its view."""
+    before, after = _coordinates(probe), _coordinates(yielded)
+    same = yielded.kind == probe.kind and (probe.kind.name != "ptr" or probe.at(()).arg == yielded.at(()).arg)
+    if probe.kind.name == "block":
+        view, moved = probe.at(()), yielded.at(())
+        same = same and view.base.arg == moved.base.arg and view.block == moved.block and all(
+            a.eq(b) for a, b in zip((view.base.offset, *view.shape, *view.strides),
+                                    (moved.base.offset, *moved.shape, *moved.strides)))
+    steps = [z3.simplify(y - x) for x, y in zip(before, after)]
+    if not same or any(_mentions(d, x) for d in steps for x in before):
+        raise Unsupported("scf.for carrying an integer or pointer that does not move by a loop-invariant step", op.loc)
+    return steps
+
+
+def _mentions(term, symbol):
+    return term.eq(symbol) or any(_mentions(child, symbol) for child in term.children())
 
 
 def interpret(function: Function, prefix: str = "") -> Trace:

@@ -36,8 +36,9 @@ class TensorRole:
     ``columns`` axis indexed by the key tile (keys ``bn * BLOCK_N + lane``) and says in ``pairs`` what it holds:
     ``"mask"`` (a pair's score enters only where its element is nonzero), ``"keep"`` (dropout's keep flags),
     ``"bias"`` (added to the pair's score). ``strides``: per axis, the size (a name) or the constant its index is
-    multiplied by (None: contiguous, row-major). A *table* has ``contract(index, value, sizes, config, context)``:
-    what its entries hold.
+    multiplied by (None: contiguous, row-major). ``lanes``: the tile dimensions that index the sequence and the
+    feature axes (a K tile loaded as ``[D, BLOCK_N]``, transposed: ``(1, 0)``). A *table* has
+    ``contract(index, value, sizes, config, context)``: what its entries hold.
     """
 
     dims: tuple[str, ...]
@@ -50,6 +51,7 @@ class TensorRole:
     strides: tuple | None = None
     columns: int | None = None
     pairs: str | None = None
+    lanes: tuple[int, int] = (0, -1)
 
 
 @dataclass(frozen=True)
@@ -438,4 +440,69 @@ def _flash_attn_triton(causal):
 FLASH_ATTN_TRITON = _flash_attn_triton("bottom_right")
 FLASH_ATTN_TRITON_TOP_LEFT = _flash_attn_triton("top_left")
 
-LAUNCHES = {launch.kernel: launch for launch in (FORWARD, BACKWARD_DQ, BACKWARD_DKDV, FLASH_ATTN_TRITON)}
+
+_TUTORIAL_STRIDES = tuple(f"stride_{t}{a}" for t, row, col in (("q", "m", "k"), ("k", "n", "k"), ("v", "k", "n"),
+                                                               ("o", "m", "n")) for a in ("z", "h", row, col))
+
+
+def _tutorial_constraints(contiguous):
+    def constraints(s, config):
+        """``_attention.forward``'s launch of ``_attn_fwd``: q, k, v ``[Z, H, N_CTX, HEAD_DIM]`` with any strides (it
+        passes each tensor's own four; ``contiguous``: row-major, as its tests make them), one ``N_CTX`` for queries
+        and keys, ``HEAD_DIM`` the constexpr; o = ``empty_like(q)`` and M ``[Z, H, N_CTX]`` float32, both contiguous
+        (as for a contiguous q: other layouts of o are not described)."""
+        lengths = [s[n] for n in ("B", "Hq", "Sq", "Sk", "D")]
+        facts = [n >= 1 for n in lengths] + [s[t] >= 0 for t in _TUTORIAL_STRIDES] + [s[n] <= INT32_MAX for n in s]
+        row_major = [s["Hq"] * s["Sq"] * s["D"], s["Sq"] * s["D"], s["D"], 1]
+        dense = "qkvo" if contiguous else "o"
+        return facts + [s["Sk"] == s["Sq"], s["Hkv"] == s["Hq"], s["D"] == config["HEAD_DIM"], s["Dv"] == s["D"],
+                        s["B"] * s["Hq"] <= 65535] + [s[name] == row_major[k % 4] for k, name in
+                                                      enumerate(_TUTORIAL_STRIDES) if name[7] in dense]
+    return constraints
+
+
+def _tutorial_preconditions(s, config):
+    """The tutorial loads whole blocks with no boundary check (its tests and benchmarks use N_CTX = 1024 .. 16384)."""
+    return [("N_CTX is a multiple of BLOCK_M (the tutorial's tests; its host does not check)",
+             s["Sq"] % config["BLOCK_M"] == 0)]
+
+
+def _tutorial_rows(which, tile, lanes=(0, -1), output=False):
+    strides = tuple(name for name in _TUTORIAL_STRIDES if name.startswith(f"stride_{which}"))
+    return TensorRole(("B", "Hq", "Sq" if tile == "query" else "Sk", "D"), program={0: "b", 1: "h"}, seq=2, feature=3,
+                      tile=tile, output=output, strides=strides if which != "o" else None, lanes=lanes)
+
+
+def _triton_tutorial(contiguous):
+    """The Triton tutorial's fused attention, block-pointer forward (``python/tutorials/06-fused-attention.py`` of
+    triton-lang/triton at 003da478d84f5bb0f51b3988cf0ea0bbe60282b7: ``_attn_fwd``, ``_attn_fwd_inner``), as its host
+    ``_attention.forward`` launches it. Not vendored: ``--triton`` is pointed at a copy of the file (docs/ttir.md).
+    Block pointers are gone from later Triton, so it lowers with triton-ascend's front end (``--triton-target
+    ascend``)."""
+    return LaunchDescription(
+        kernel="06-fused-attention:_attn_fwd", entry="",
+        sizes=("B", "Hq", "Hkv", "Sq", "Sk", "D", "Dv", *_TUTORIAL_STRIDES),
+        arguments=dict(Z="B", H="Hq", N_CTX="Sq", **{name: name for name in _TUTORIAL_STRIDES}),
+        tensors=dict(Q=_tutorial_rows("q", "query"), K=_tutorial_rows("k", "key", lanes=(1, 0)),
+                     V=_tutorial_rows("v", "key"), Out=_tutorial_rows("o", "query", output=True),
+                     M=TensorRole(("B", "Hq", "Sq"), program={0: "b", 1: "h"}, seq=2, tile="query", output=True)),
+        configs=[dict(HEAD_DIM=64, BLOCK_M=128, BLOCK_N=64, CAUSAL=causal) for causal in (False, True)],
+        grid=lambda s, config: (_cdiv(s["Sq"], config["BLOCK_M"]), s["B"] * s["Hq"], 1),
+        program=lambda s, config, pids, fresh: ({"bm": pids[0], "b": pids[1] / s["Hq"], "h": pids[1] % s["Hq"],
+                                                 "kv_head": pids[1] % s["Hq"]}, []),
+        constraints=_tutorial_constraints(contiguous), preconditions=_tutorial_preconditions,
+        geometry=lambda s, config: MaskGeometry(s["Sq"], s["Sk"], "top_left" if config["CAUSAL"] else None),
+        key_loop=None, key_step=lambda config: config["BLOCK_N"], block=_blocks,
+        pointer_types={"Q": "*fp16", "K": "*fp16", "V": "*fp16", "Out": "*fp16", "M": "*fp32", "sm_scale": "fp32",
+                       "Z": "i32", "H": "i32", "N_CTX": "i32"},
+        positive=frozenset({"sm_scale"}),
+        fold="not stated: the tutorial's merge is in base 2 (exp2 of scores times scale * log2(e)) and l starts at 1, "
+             "not the spec's (m, l, acc) merge op for op",
+    )
+
+
+TRITON_TUTORIAL = _triton_tutorial(contiguous=False)
+TRITON_TUTORIAL_CONTIGUOUS = _triton_tutorial(contiguous=True)  # q, k, v as its tests make them
+
+LAUNCHES = {launch.kernel: launch for launch in (FORWARD, BACKWARD_DQ, BACKWARD_DKDV, FLASH_ATTN_TRITON,
+                                                 TRITON_TUTORIAL)}

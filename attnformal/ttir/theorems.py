@@ -308,11 +308,11 @@ def tile_index(setting, role, lane, loop):
         if axis in role.program:
             x = coordinates[role.program[axis]]
         elif axis == role.seq:
-            x = block * size + lane[0]
+            x = block * size + lane[role.lanes[0]]
         elif axis == role.columns:
             x = coordinates["bn"] * setting.launch.block(setting.config)[1] + lane[-1]
         elif axis == role.feature:
-            x = lane[-1]
+            x = lane[role.lanes[1]]
         else:
             return None
         index.append(x)
@@ -417,17 +417,17 @@ def masking(setting, limits):
     """Lane ``(r, c)`` of each softmax input in a key loop -- a row max of the scores, and the scores an
     ``exp(s - shift)`` weighs (the backward has no max) -- is the raw score of ``(i, j)`` iff
     ``may_attend(i, j)``, else -inf."""
-    targets = [(source, f"scores reaching the row max at {loc}", loop)
-               for combiners, source, loc, loop in setting.trace.reductions
+    targets = [(source, f"scores reaching the row max at {loc}", loop, path)
+               for combiners, source, loc, loop, path in setting.trace.reductions
                if combiners and all("max" in c for c in combiners) and loop is not None]
-    targets += [(scores, f"scores weighed by the exp at {loc}", loop) for scores, loc, loop in
-                ((_shifted_scores(source), loc, loop) for source, loc, loop in setting.trace.exponentials)
+    targets += [(scores, f"scores weighed by the exp at {loc}", loop, path) for scores, loc, loop, path in
+                ((_shifted_scores(source), loc, loop, path) for source, loc, loop, path in setting.trace.exponentials)
                 if scores is not None and loop is not None]
     if not targets:
         yield Proof("masking: a softmax over the scores in a key loop", TOOL, UNKNOWN,
                     detail="no row max and no exp(scores - shift)")
-    for source, what, loop in targets:
-        yield _masking_at(setting, source, what, loop, limits)
+    for source, what, loop, path in targets:
+        yield _masking_at(setting, source, what, loop, path, limits)
 
 
 def _shifted_scores(source):
@@ -439,7 +439,9 @@ def _shifted_scores(source):
     return Tensor(source.shape, source.kind, lambda lane: source.at(lane)[2])
 
 
-def _masking_at(setting, source, what, loop, limits):
+def _masking_at(setting, source, what, loop, path, limits):
+    """The theorem on one softmax input ``source`` of ``loop``, computed under ``path`` (an ``if`` in the loop body,
+    as the Triton tutorial's masked diagonal blocks)."""
     lane, ranges = setting.lane(source.shape)
     try:
         kept = _classify(source.at(lane), setting.launch)
@@ -456,7 +458,7 @@ def _masking_at(setting, source, what, loop, limits):
     data = "".join(f" and {name}[b, h, i, j]" for name, role in setting.launch.tensors.items()
                    if role.pairs == "mask" and name in setting.accessed)
     proof = decide(f"masking: {what} are -inf unless may_attend(i, j){data}, on each row i < Sq{masked_at}",
-                   ranges + facts + _iterating(loop) + [exists],
+                   ranges + facts + _iterating(loop) + path + [exists],
                    goal, setting, limits, _lane_shown(lane) + [("i", i), ("j", j), ("score kept", kept.raw)],
                    context=_masking_context(setting, i, j, loop))
     finite = [v for v in kept.fills if v != -math.inf]
@@ -555,7 +557,7 @@ def _classify(value, launch):
             return _sum([_classify(a, launch) if _has_dot(a) else _addend(a, launch) for a in operands])
         if len(scored) == 1 and (value[1] == "arith.mulf" or value[1] == "arith.divf" and scored[0] is operands[0]):
             factor = next(a for a in operands if a is not scored[0])
-            if factor[0] == "const" and factor[1] > 0 or factor[0] == "param" and factor[1] in launch.positive:
+            if _positive(factor, launch):
                 return _classify(scored[0], launch)  # -inf times a positive factor stays -inf
         parts = [_classify(a, launch) for a in scored]
         if parts:  # a function of the scores its operands hold (tanh's quotient has one in each)
@@ -563,6 +565,13 @@ def _classify(value, launch):
     if kind in ("opaque", "param", "load"):
         return _NEITHER
     raise Unsupported(f"score expression {kind} {value[1] if kind == 'op' else ''}", "the softmax input")
+
+
+def _positive(factor, launch):
+    """A positive constant, a parameter the launch says is positive, or a product of such (``scale * log2(e)``)."""
+    if factor[0] == "op" and factor[1] == "arith.mulf":
+        return all(isinstance(a, tuple) and _positive(a, launch) for a in factor[2:])
+    return factor[0] == "const" and factor[1] > 0 or factor[0] == "param" and factor[1] in launch.positive
 
 
 def _addend(value, launch):
@@ -746,7 +755,7 @@ def _fold_scores(setting, loop, where):
     if where == "row max":
         return [(source, f"reaching the row max at {loc}") for source, loc in _row_max(setting, loop)]
     return [(scores, f"weighed by the exp at {loc}") for scores, loc, at in
-            ((_shifted_scores(source), loc, at) for source, loc, at in setting.trace.exponentials)
+            ((_shifted_scores(source), loc, at) for source, loc, at, _ in setting.trace.exponentials)
             if at is loop and scores is not None]
 
 
@@ -817,7 +826,7 @@ def _is_bias(tree, launch):
 
 
 def _row_max(setting, loop):
-    return [(source, loc) for combiners, source, loc, at in setting.trace.reductions
+    return [(source, loc) for combiners, source, loc, at, _ in setting.trace.reductions
             if at is loop and combiners and all("max" in c for c in combiners) and len(source.shape) == 2]
 
 
@@ -1028,12 +1037,37 @@ def prove_launch(launch: LaunchDescription, fn=None, limits=Limits(), theorems=T
 
 
 def load_attr(target: str):
-    """``module:attr`` or ``path/to/file.py:attr``."""
+    """``module:attr`` or ``path/to/file.py:attr``. A file whose module does not import here (the Triton tutorial
+    asks for a GPU driver at import) gives its ``@triton.jit`` functions alone (:func:`jit_functions`)."""
     where, _, attr = target.rpartition(":")
-    if where.endswith(".py"):
-        spec = importlib.util.spec_from_file_location(f"_ttir_kernel_{abs(hash(where))}", where)
-        module = importlib.util.module_from_spec(spec)
+    if not where.endswith(".py"):
+        return getattr(importlib.import_module(where), attr)
+    spec = importlib.util.spec_from_file_location(f"_ttir_kernel_{abs(hash(where))}", where)
+    module = importlib.util.module_from_spec(spec)
+    try:
         spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(where)
+    except Exception:  # noqa: BLE001 -- any failure of the module's own code: its kernels may still lower
+        if not hasattr(module, attr):
+            return jit_functions(where)[attr]
     return getattr(module, attr)
+
+
+def jit_functions(path: str) -> dict:
+    """The ``@triton.jit`` functions of a file, compiled without the rest of its module (no host code runs): each
+    with its ``jit`` decorator only (an autotune's configs are the launch description's business), seeing ``triton``,
+    ``tl`` and each other. Their code keeps the file's name and lines, so Triton reads their source there."""
+    import ast
+
+    import triton
+    import triton.language as tl
+
+    with open(path) as file:
+        tree = ast.parse(file.read(), path)
+    kernels = []
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and any(ast.unparse(d).endswith("jit") for d in node.decorator_list):
+            node.decorator_list = [d for d in node.decorator_list if ast.unparse(d).endswith("jit")]
+            kernels.append(node)
+    namespace = {"triton": triton, "tl": tl, "__name__": f"_ttir_kernels_{abs(hash(path))}"}
+    exec(compile(ast.Module(kernels, type_ignores=[]), path, "exec"), namespace)  # noqa: S102 -- the kernels only
+    return {node.name: namespace[node.name] for node in kernels}

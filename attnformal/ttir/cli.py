@@ -85,6 +85,10 @@ def refutation_case(proof, launch, config, target: str, folders, number: int = 0
     return f"python -m attnformal.verify --impl {impl} --replay {path}{note}"
 
 
+_MODES = ("CAUSAL", "IS_CAUSAL", "STAGE")  # the constexprs that name a kernel's causal mode
+
+
 def _named(config: dict) -> str:
     """``CAUSAL=2 HAS_SOFTCAP``: the causal mode and the feature flags that are on (the configurations differ there)."""
-    return " ".join([f"CAUSAL={config.get('CAUSAL')}"] + [name for name, value in config.items() if value is True])
+    return " ".join([f"{name}={config[name]}" for name in _MODES if name in config]
+                    + [name for name, value in config.items() if value is True and name not in _MODES])

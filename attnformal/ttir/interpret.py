@@ -211,6 +211,8 @@ class Interpreter:
                 params[name] = _scalar(kind, z3.Int(name))  # runtime arguments are shared by all programs
             elif kind.name == "float":
                 params[name] = _scalar(kind, ("param", name))
+            elif kind.name == "bool":  # a tensor descriptor's padding flag, as the host sets it
+                params[name] = _scalar(kind, z3.Bool(name))
             else:
                 raise Unsupported(f"parameter type {type_}", name)
         pids = [z3.Int(f"{prefix}pid_{axis}") for axis in "xyz"]

@@ -467,6 +467,11 @@ def _tutorial_preconditions(s, config):
              s["Sq"] % config["BLOCK_M"] == 0)]
 
 
+def _tutorial_program(s, config, pids, fresh):
+    """Axis x: query block; y: ``off_hz = z * H + h``."""
+    return {"bm": pids[0], "b": pids[1] / s["Hq"], "h": pids[1] % s["Hq"], "kv_head": pids[1] % s["Hq"]}, []
+
+
 def _tutorial_rows(which, tile, lanes=(0, -1), output=False):
     strides = tuple(name for name in _TUTORIAL_STRIDES if name.startswith(f"stride_{which}"))
     return TensorRole(("B", "Hq", "Sq" if tile == "query" else "Sk", "D"), program={0: "b", 1: "h"}, seq=2, feature=3,
@@ -488,8 +493,7 @@ def _triton_tutorial(contiguous):
                      M=TensorRole(("B", "Hq", "Sq"), program={0: "b", 1: "h"}, seq=2, tile="query", output=True)),
         configs=[dict(HEAD_DIM=64, BLOCK_M=128, BLOCK_N=64, CAUSAL=causal) for causal in (False, True)],
         grid=lambda s, config: (_cdiv(s["Sq"], config["BLOCK_M"]), s["B"] * s["Hq"], 1),
-        program=lambda s, config, pids, fresh: ({"bm": pids[0], "b": pids[1] / s["Hq"], "h": pids[1] % s["Hq"],
-                                                 "kv_head": pids[1] % s["Hq"]}, []),
+        program=_tutorial_program,
         constraints=_tutorial_constraints(contiguous), preconditions=_tutorial_preconditions,
         geometry=lambda s, config: MaskGeometry(s["Sq"], s["Sk"], "top_left" if config["CAUSAL"] else None),
         key_loop=None, key_step=lambda config: config["BLOCK_N"], block=_blocks,
@@ -504,5 +508,48 @@ def _triton_tutorial(contiguous):
 TRITON_TUTORIAL = _triton_tutorial(contiguous=False)
 TRITON_TUTORIAL_CONTIGUOUS = _triton_tutorial(contiguous=True)  # q, k, v as its tests make them
 
+_DESCRIPTORS = ("desc_q", "desc_k", "desc_v", "desc_o")
+# Each host TensorDescriptor reaches the kernel as its base pointer, shape and strides in i64, its padding and tf32
+# flags, and the shape (i32) and strides again, as Triton prints them: desc_q.shape.0_0 ...
+_DESCRIPTOR_FIELDS = tuple(f"{d}.{field}" for d in _DESCRIPTORS for field in ("shape.0", "shape.1", "stride.0", "stride.1"))
+_DESCRIPTOR_COPIES = tuple(f"{name}_{4 * k + n}" for k, d in enumerate(_DESCRIPTORS)
+                           for n, name in enumerate(f"{d}.{field}" for field in ("shape.0", "shape.1", "stride.0", "stride.1")))
+
+
+def _tutorial_tma_constraints(s, config):
+    """``_attention.forward``'s TMA launch: each of q, k, v, o (contiguous ``[Z, H, N_CTX, HEAD_DIM]``, as its tests
+    make them) behind a TensorDescriptor of shape ``[Z * H * N_CTX, HEAD_DIM]`` and strides ``[HEAD_DIM, 1]``."""
+    facts = _tutorial_constraints(contiguous=True)(s, config)
+    rows = s["B"] * s["Hq"] * s["Sq"]
+    for fields in (_DESCRIPTOR_FIELDS, _DESCRIPTOR_COPIES):
+        for k in range(0, len(fields), 4):
+            facts += [s[a] == v for a, v in zip(fields[k:k + 4], (rows, s["D"], s["D"], 1))]
+    return facts
+
+
+def _tutorial_tma_rows(tile, output=False):
+    return TensorRole(("B", "Hq", "Sq" if tile == "query" else "Sk", "D"), program={0: "b", 1: "h"}, seq=2, feature=3,
+                      tile=tile, output=output)
+
+
+# The tutorial's TMA forward (``_attn_fwd_tma``, ``_attn_fwd_inner_tma``, same file and commit): host tensor
+# descriptors, which CUDA's ttir stage rewrites to pointer arithmetic below sm_90 (the IR proven here), and two
+# stages under causal (STAGE 3: the off-band blocks unmasked, then the diagonal block masked).
+TRITON_TUTORIAL_TMA = LaunchDescription(
+    kernel="06-fused-attention:_attn_fwd_tma", entry="",
+    sizes=("B", "Hq", "Hkv", "Sq", "Sk", "D", "Dv", *_TUTORIAL_STRIDES, *_DESCRIPTOR_FIELDS, *_DESCRIPTOR_COPIES),
+    arguments=dict(Z="B", H="Hq", N_CTX="Sq", **{name: name for name in _DESCRIPTOR_FIELDS + _DESCRIPTOR_COPIES}),
+    tensors=dict(desc_q=_tutorial_tma_rows("query"), desc_k=_tutorial_tma_rows("key"), desc_v=_tutorial_tma_rows("key"),
+                 desc_o=_tutorial_tma_rows("query", output=True),
+                 M=TensorRole(("B", "Hq", "Sq"), program={0: "b", 1: "h"}, seq=2, tile="query", output=True)),
+    configs=[dict(HEAD_DIM=64, BLOCK_M=128, BLOCK_N=64, FP8_OUTPUT=False, STAGE=stage) for stage in (1, 3)],
+    grid=TRITON_TUTORIAL.grid, program=TRITON_TUTORIAL.program,
+    constraints=_tutorial_tma_constraints, preconditions=_tutorial_preconditions,
+    geometry=lambda s, config: MaskGeometry(s["Sq"], s["Sk"], "top_left" if config["STAGE"] == 3 else None),
+    key_loop=None, key_step=lambda config: config["BLOCK_N"], block=_blocks,
+    pointer_types={"M": "*fp32", "sm_scale": "fp32", "Z": "i32", "H": "i32", "N_CTX": "i32",
+                   **{d: f"tensordesc<fp16[{128 if d in ('desc_q', 'desc_o') else 64},64]>" for d in _DESCRIPTORS}},
+    positive=frozenset({"sm_scale"}), fold=TRITON_TUTORIAL.fold,
+)
 LAUNCHES = {launch.kernel: launch for launch in (FORWARD, BACKWARD_DQ, BACKWARD_DKDV, FLASH_ATTN_TRITON,
-                                                 TRITON_TUTORIAL)}
+                                                 TRITON_TUTORIAL, TRITON_TUTORIAL_TMA)}

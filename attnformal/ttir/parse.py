@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 _LOC_DEF = re.compile(r'^#(loc\d*) = loc\((.*)\)$')
 _RESULTS = re.compile(r'^((?:%[\w$.-]+(?::\d+)?)(?:, %[\w$.-]+(?::\d+)?)*) = (.*)$')
 _TRAILING_LOC = re.compile(r'\s*loc\((#loc\d*|[^()]*(?:\([^()]*\))?[^()]*)\)\s*$')
-_PARAM = re.compile(r'%(\w+): ([^,]+?)(?: loc\((?:[^()]|\([^()]*\))*\))?(?:,|$)')  # name, type; its loc skipped
+_PARAM = re.compile(r'%([\w.]+): ([^,]+?)(?: loc\((?:[^()]|\([^()]*\))*\))?(?:,|$)')  # name, type; its loc skipped
 _TRITON_LIBRARY = re.compile(r'/triton/(?:triton_patch/)?language/')  # triton-ascend patches tl in triton_patch/
 _FUNC = re.compile(r'^tt\.func (?:public |private )?@(\w+)\((.*)\)(?: -> .*)? (?:attributes \{.*\} )?\{$')
 

@@ -316,12 +316,19 @@ BLOCK_POINTER_PLANTED = [
 ]
 
 
+UNSTATED_MERGE = ("unknown", "merge: the key loop's update is the spec's merge")
+
+
+def _all_proved_but(kernel, config, described, unproved=(UNSTATED_MERGE,)):
+    proofs = _prove(",".join(THEOREMS), kernel, config, described=described)
+    left = [(status, claim) for status, claim, _ in proofs if status != "proved"]
+    assert len(proofs) > 40 and left == list(unproved), left
+
+
 @needs_block_pointers
 @pytest.mark.parametrize("config", [0, 1], ids=["not causal", "causal"])
 def test_block_pointer_kernel_is_proved_for_all_strides(config):
-    proofs = _prove(",".join(THEOREMS), f"{BLOCK_POINTER_SOURCE}:_attn_fwd", config, described="TRITON_TUTORIAL")
-    unproved = [(status, claim) for status, claim, _ in proofs if status != "proved"]
-    assert len(proofs) > 40 and unproved == [("unknown", "merge: the key loop's update is the spec's merge")], unproved
+    _all_proved_but(f"{BLOCK_POINTER_SOURCE}:_attn_fwd", config, "TRITON_TUTORIAL")
 
 
 @needs_block_pointers
@@ -341,3 +348,35 @@ def test_a_sum_stored_other_than_as_a_loop_result_leaves_the_merge_unknown(tmp_p
     proofs = _prove("merge", f"{path}:{DKDV}", NOT_CAUSAL, DKDV)
     assert [status for status, _, _ in proofs] == ["unknown"], proofs
     assert "1 stores of DK, writing 0 of the results" in proofs[0][2]
+
+
+# A kernel with host tensor descriptors (tests/ttir/descriptor_attention.py) under the tutorial's TMA launch
+# description: CUDA's ttir stage rewrites the descriptors to pointer arithmetic, with a loop-carried row index.
+DESCRIPTOR_SOURCE = pathlib.Path(__file__).parent / "descriptor_attention.py"
+needs_cuda_descriptors = pytest.mark.skipif(TARGET != "cuda", reason="host tensor descriptors: lowered for CUDA here")
+DESCRIPTOR_PLANTED = [
+    ("the tutorial's batch offset off_z + off_h * N_CTX",
+     _plant("head_row = off_hz * N_CTX", "head_row = off_hz // H + off_hz % H * N_CTX", function="_attn_fwd_tma"),
+     "address", "address: load of desc_q", ("_attn_fwd_tma", "q = desc_q.load", 0), 0),
+    ("key rows never advanced", _plant("key_row += BLOCK_N", "key_row += 0", function="_attn_fwd_tma"),
+     "address", "address: load of desc_k", ("_attn_fwd_tma", "desc_k.load", 0), 0),
+    ("finite -1e6 fill", _plant('s, float("-inf"))', "s, -1.0e6)", function="_attn_fwd_tma"),
+     "masking", "masking", ("_attn_fwd_tma", "s = tl.where(rows", 0), 1),
+]
+
+
+@needs_cuda_descriptors
+@pytest.mark.parametrize("config", [0, 1], ids=["not causal", "causal"])
+def test_descriptor_kernel_is_proved_for_all_shapes(config):
+    """All but the merge (not stated) and one writes theorem: that each element of the flattened ``[Z * H * N_CTX,
+    HEAD_DIM]`` output is stored runs out of its Z3 budget (the descriptor's bound ``Z * H * N_CTX`` is a product)."""
+    every = ("unknown", "writes: every desc_o element is stored (descriptor_attention.py:39)")
+    _all_proved_but(f"{DESCRIPTOR_SOURCE}:_attn_fwd_tma", config, "TRITON_TUTORIAL_TMA", (every, UNSTATED_MERGE))
+
+
+@needs_cuda_descriptors
+@pytest.mark.parametrize("name, edit, theorem, prefix, marker, config", DESCRIPTOR_PLANTED,
+                         ids=[p[0] for p in DESCRIPTOR_PLANTED])
+def test_descriptor_kernel_bug_is_refuted_with_its_line(tmp_path, name, edit, theorem, prefix, marker, config):
+    test_planted_bug_is_refuted_with_its_line(tmp_path, name, edit, theorem, prefix, marker, config, "_attn_fwd_tma",
+                                              DESCRIPTOR_SOURCE, "TRITON_TUTORIAL_TMA")

@@ -293,12 +293,23 @@ def test_planted_bug_is_refuted_with_its_line(tmp_path, name, edit, theorem, pre
         assert all("-1e+06 is finite" in detail for _, detail in refuted)
 
 
+def test_a_sum_stored_other_than_as_a_loop_result_leaves_the_merge_unknown(tmp_path):
+    """Each backward sum is bound to the loop result its store writes; DK storing ``2 * dk`` writes none of them, so
+    the merge theorem is unknown (never proved, and not refuted against a value picked by position)."""
+    text = _plant("dk.to(DK.dtype.element_ty)", "(2.0 * dk).to(DK.dtype.element_ty)", function=DKDV)(SOURCE.read_text())
+    path = tmp_path / "planted_flash.py"
+    path.write_text(text)
+    proofs = _prove("merge", f"{path}:{DKDV}", NOT_CAUSAL, DKDV)
+    assert [status for status, _, _ in proofs] == ["unknown"], proofs
+    assert "1 stores of DK, writing 0 of the results" in proofs[0][2]
+
+
 # A kernel with block pointers (tests/ttir/block_pointer_attention.py) under the Triton tutorial's launch description:
-# make_tensor_ptr, advance and block pointers carried by the key loop. Recent Triton (3.9 here) has no block pointers; the
-# triton-ascend environment (make ascend-check) lowers it.
+# make_tensor_ptr, advance and block pointers carried by the key loop. Recent Triton (3.9 here) has no block
+# pointers; the triton-ascend environment (make ascend-check) lowers it.
 BLOCK_POINTER_SOURCE = pathlib.Path(__file__).parent / "block_pointer_attention.py"
-needs_block_pointers = pytest.mark.skipif(
-    "removed" in inspect.getsource(tl.make_block_ptr), reason="this Triton has no block pointers (removed: triton-lang/triton#6847)")
+needs_block_pointers = pytest.mark.skipif("removed" in inspect.getsource(tl.make_block_ptr),
+                                          reason="this Triton has no block pointers (removed: triton-lang/triton#6847)")
 BLOCK_POINTER_PLANTED = [
     ("K addressed with Q's batch and head strides", _plant("K + z * stride_kz + h * stride_kh",
                                                            "K + z * stride_qz + h * stride_qh"),
@@ -314,40 +325,13 @@ BLOCK_POINTER_PLANTED = [
     ("the key loop one block short", _plant("range(0, end, BLOCK_N)", "range(0, end - BLOCK_N, BLOCK_N)"),
      "coverage", "coverage", ("_attn_fwd", "for start_n in range(", 0), 1),
 ]
-
-
 UNSTATED_MERGE = ("unknown", "merge: the key loop's update is the spec's merge")
 
 
-def _all_proved_but(kernel, config, described, unproved=(UNSTATED_MERGE,)):
+def _all_proved_but(kernel, config, described, unproved):
     proofs = _prove(",".join(THEOREMS), kernel, config, described=described)
     left = [(status, claim) for status, claim, _ in proofs if status != "proved"]
     assert len(proofs) > 40 and left == list(unproved), left
-
-
-@needs_block_pointers
-@pytest.mark.parametrize("config", [0, 1], ids=["not causal", "causal"])
-def test_block_pointer_kernel_is_proved_for_all_strides(config):
-    _all_proved_but(f"{BLOCK_POINTER_SOURCE}:_attn_fwd", config, "TRITON_TUTORIAL")
-
-
-@needs_block_pointers
-@pytest.mark.parametrize("name, edit, theorem, prefix, marker, config", BLOCK_POINTER_PLANTED,
-                         ids=[p[0] for p in BLOCK_POINTER_PLANTED])
-def test_planted_block_pointer_bug_is_refuted_with_its_line(tmp_path, name, edit, theorem, prefix, marker, config):
-    test_planted_bug_is_refuted_with_its_line(tmp_path, name, edit, theorem, prefix, marker, config, "_attn_fwd",
-                                              BLOCK_POINTER_SOURCE, "TRITON_TUTORIAL")
-
-
-def test_a_sum_stored_other_than_as_a_loop_result_leaves_the_merge_unknown(tmp_path):
-    """Each backward sum is bound to the loop result its store writes; DK storing ``2 * dk`` writes none of them, so
-    the merge theorem is unknown (never proved, and not refuted against a value picked by position)."""
-    text = _plant("dk.to(DK.dtype.element_ty)", "(2.0 * dk).to(DK.dtype.element_ty)", function=DKDV)(SOURCE.read_text())
-    path = tmp_path / "planted_flash.py"
-    path.write_text(text)
-    proofs = _prove("merge", f"{path}:{DKDV}", NOT_CAUSAL, DKDV)
-    assert [status for status, _, _ in proofs] == ["unknown"], proofs
-    assert "1 stores of DK, writing 0 of the results" in proofs[0][2]
 
 
 # A kernel with host tensor descriptors (tests/ttir/descriptor_attention.py) under the tutorial's TMA launch
@@ -365,18 +349,29 @@ DESCRIPTOR_PLANTED = [
 ]
 
 
-@needs_cuda_descriptors
-@pytest.mark.parametrize("config", [0, 1], ids=["not causal", "causal"])
-def test_descriptor_kernel_is_proved_for_all_shapes(config):
-    """All but the merge (not stated) and one writes theorem: that each element of the flattened ``[Z * H * N_CTX,
-    HEAD_DIM]`` output is stored runs out of its Z3 budget (the descriptor's bound ``Z * H * N_CTX`` is a product)."""
-    every = ("unknown", "writes: every desc_o element is stored (descriptor_attention.py:39)")
-    _all_proved_but(f"{DESCRIPTOR_SOURCE}:_attn_fwd_tma", config, "TRITON_TUTORIAL_TMA", (every, UNSTATED_MERGE))
+# The kernels written here for the tutorial's two launch descriptions: (skip mark, source, kernel, description,
+# what stays unproved: the merge is not stated; the descriptor's "every o element is stored" runs out of its Z3 budget,
+# the flattened view's row bound Z * H * N_CTX being a product of three unknowns)
+OWN_KERNELS = {
+    "block_pointer": (needs_block_pointers, BLOCK_POINTER_SOURCE, "_attn_fwd", "TRITON_TUTORIAL", (UNSTATED_MERGE,)),
+    "descriptor": (needs_cuda_descriptors, DESCRIPTOR_SOURCE, "_attn_fwd_tma", "TRITON_TUTORIAL_TMA",
+                   (("unknown", "writes: every desc_o element is stored (descriptor_attention.py:39)"), UNSTATED_MERGE)),
+}
 
 
-@needs_cuda_descriptors
-@pytest.mark.parametrize("name, edit, theorem, prefix, marker, config", DESCRIPTOR_PLANTED,
-                         ids=[p[0] for p in DESCRIPTOR_PLANTED])
-def test_descriptor_kernel_bug_is_refuted_with_its_line(tmp_path, name, edit, theorem, prefix, marker, config):
-    test_planted_bug_is_refuted_with_its_line(tmp_path, name, edit, theorem, prefix, marker, config, "_attn_fwd_tma",
-                                              DESCRIPTOR_SOURCE, "TRITON_TUTORIAL_TMA")
+@pytest.mark.parametrize("kernel, config", [pytest.param(kernel, config, marks=OWN_KERNELS[kernel][0],
+                                                         id=f"{kernel}, {'causal' if config else 'not causal'}")
+                                            for kernel in OWN_KERNELS for config in (0, 1)])
+def test_tutorial_shaped_kernel_is_proved_for_all_shapes_and_strides(kernel, config):
+    _, source, function, described, unproved = OWN_KERNELS[kernel]
+    _all_proved_but(f"{source}:{function}", config, described, unproved)
+
+
+@pytest.mark.parametrize("kernel, name, edit, theorem, prefix, marker, config", [
+    pytest.param(kernel, *bug, marks=OWN_KERNELS[kernel][0], id=f"{kernel}: {bug[0]}")
+    for kernel, bugs in (("block_pointer", BLOCK_POINTER_PLANTED), ("descriptor", DESCRIPTOR_PLANTED)) for bug in bugs])
+def test_planted_bug_in_a_tutorial_shaped_kernel_is_refuted(tmp_path, kernel, name, edit, theorem, prefix, marker,
+                                                              config):
+    _, source, function, described, _ = OWN_KERNELS[kernel]
+    test_planted_bug_is_refuted_with_its_line(tmp_path, name, edit, theorem, prefix, marker, config, function, source,
+                                              described)

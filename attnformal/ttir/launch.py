@@ -472,10 +472,15 @@ def _tutorial_program(s, config, pids, fresh):
     return {"bm": pids[0], "b": pids[1] / s["Hq"], "h": pids[1] % s["Hq"], "kv_head": pids[1] % s["Hq"]}, []
 
 
-def _tutorial_rows(which, tile, lanes=(0, -1), output=False):
-    strides = tuple(name for name in _TUTORIAL_STRIDES if name.startswith(f"stride_{which}"))
+def _tutorial_rows(tile, strided="", lanes=(0, -1), output=False):
+    """A ``[Z, H, N_CTX, HEAD_DIM]`` tensor; ``strided``: the tensor letter of its four stride arguments (else
+    contiguous)."""
+    strides = tuple(name for name in _TUTORIAL_STRIDES if name.startswith(f"stride_{strided}")) if strided else None
     return TensorRole(("B", "Hq", "Sq" if tile == "query" else "Sk", "D"), program={0: "b", 1: "h"}, seq=2, feature=3,
-                      tile=tile, output=output, strides=strides if which != "o" else None, lanes=lanes)
+                      tile=tile, output=output, strides=strides, lanes=lanes)
+
+
+_TUTORIAL_M = TensorRole(("B", "Hq", "Sq"), program={0: "b", 1: "h"}, seq=2, tile="query", output=True)
 
 
 def _triton_tutorial(contiguous):
@@ -488,9 +493,8 @@ def _triton_tutorial(contiguous):
         kernel="06-fused-attention:_attn_fwd", entry="",
         sizes=("B", "Hq", "Hkv", "Sq", "Sk", "D", "Dv", *_TUTORIAL_STRIDES),
         arguments=dict(Z="B", H="Hq", N_CTX="Sq", **{name: name for name in _TUTORIAL_STRIDES}),
-        tensors=dict(Q=_tutorial_rows("q", "query"), K=_tutorial_rows("k", "key", lanes=(1, 0)),
-                     V=_tutorial_rows("v", "key"), Out=_tutorial_rows("o", "query", output=True),
-                     M=TensorRole(("B", "Hq", "Sq"), program={0: "b", 1: "h"}, seq=2, tile="query", output=True)),
+        tensors=dict(Q=_tutorial_rows("query", "q"), K=_tutorial_rows("key", "k", lanes=(1, 0)),
+                     V=_tutorial_rows("key", "v"), Out=_tutorial_rows("query", output=True), M=_TUTORIAL_M),
         configs=[dict(HEAD_DIM=64, BLOCK_M=128, BLOCK_N=64, CAUSAL=causal) for causal in (False, True)],
         grid=lambda s, config: (_cdiv(s["Sq"], config["BLOCK_M"]), s["B"] * s["Hq"], 1),
         program=_tutorial_program,
@@ -511,9 +515,9 @@ TRITON_TUTORIAL_CONTIGUOUS = _triton_tutorial(contiguous=True)  # q, k, v as its
 _DESCRIPTORS = ("desc_q", "desc_k", "desc_v", "desc_o")
 # Each host TensorDescriptor reaches the kernel as its base pointer, shape and strides in i64, its padding and tf32
 # flags, and the shape (i32) and strides again, as Triton prints them: desc_q.shape.0_0 ...
-_DESCRIPTOR_FIELDS = tuple(f"{d}.{field}" for d in _DESCRIPTORS for field in ("shape.0", "shape.1", "stride.0", "stride.1"))
-_DESCRIPTOR_COPIES = tuple(f"{name}_{4 * k + n}" for k, d in enumerate(_DESCRIPTORS)
-                           for n, name in enumerate(f"{d}.{field}" for field in ("shape.0", "shape.1", "stride.0", "stride.1")))
+_FIELDS = ("shape.0", "shape.1", "stride.0", "stride.1")
+_DESCRIPTOR_FIELDS = tuple(f"{d}.{field}" for d in _DESCRIPTORS for field in _FIELDS)
+_DESCRIPTOR_COPIES = tuple(f"{name}_{k}" for k, name in enumerate(_DESCRIPTOR_FIELDS))
 
 
 def _tutorial_tma_constraints(s, config):
@@ -521,15 +525,9 @@ def _tutorial_tma_constraints(s, config):
     make them) behind a TensorDescriptor of shape ``[Z * H * N_CTX, HEAD_DIM]`` and strides ``[HEAD_DIM, 1]``."""
     facts = _tutorial_constraints(contiguous=True)(s, config)
     rows = s["B"] * s["Hq"] * s["Sq"]
-    for fields in (_DESCRIPTOR_FIELDS, _DESCRIPTOR_COPIES):
-        for k in range(0, len(fields), 4):
-            facts += [s[a] == v for a, v in zip(fields[k:k + 4], (rows, s["D"], s["D"], 1))]
-    return facts
-
-
-def _tutorial_tma_rows(tile, output=False):
-    return TensorRole(("B", "Hq", "Sq" if tile == "query" else "Sk", "D"), program={0: "b", 1: "h"}, seq=2, feature=3,
-                      tile=tile, output=output)
+    view = (rows, s["D"], s["D"], 1)  # shape.0, shape.1, stride.0, stride.1
+    return facts + [s[name] == view[k % 4] for fields in (_DESCRIPTOR_FIELDS, _DESCRIPTOR_COPIES)
+                    for k, name in enumerate(fields)]
 
 
 # The tutorial's TMA forward (``_attn_fwd_tma``, ``_attn_fwd_inner_tma``, same file and commit): host tensor
@@ -539,9 +537,8 @@ TRITON_TUTORIAL_TMA = LaunchDescription(
     kernel="06-fused-attention:_attn_fwd_tma", entry="",
     sizes=("B", "Hq", "Hkv", "Sq", "Sk", "D", "Dv", *_TUTORIAL_STRIDES, *_DESCRIPTOR_FIELDS, *_DESCRIPTOR_COPIES),
     arguments=dict(Z="B", H="Hq", N_CTX="Sq", **{name: name for name in _DESCRIPTOR_FIELDS + _DESCRIPTOR_COPIES}),
-    tensors=dict(desc_q=_tutorial_tma_rows("query"), desc_k=_tutorial_tma_rows("key"), desc_v=_tutorial_tma_rows("key"),
-                 desc_o=_tutorial_tma_rows("query", output=True),
-                 M=TensorRole(("B", "Hq", "Sq"), program={0: "b", 1: "h"}, seq=2, tile="query", output=True)),
+    tensors=dict(desc_q=_tutorial_rows("query"), desc_k=_tutorial_rows("key"), desc_v=_tutorial_rows("key"),
+                 desc_o=_tutorial_rows("query", output=True), M=_TUTORIAL_M),
     configs=[dict(HEAD_DIM=64, BLOCK_M=128, BLOCK_N=64, FP8_OUTPUT=False, STAGE=stage) for stage in (1, 3)],
     grid=TRITON_TUTORIAL.grid, program=TRITON_TUTORIAL.program,
     constraints=_tutorial_tma_constraints, preconditions=_tutorial_preconditions,

@@ -1047,8 +1047,10 @@ def load_attr(target: str):
     try:
         spec.loader.exec_module(module)
     except Exception:  # noqa: BLE001 -- any failure of the module's own code: its kernels may still lower
-        if not hasattr(module, attr):
-            return jit_functions(where)[attr]
+        kernels = jit_functions(where)
+        if attr not in kernels:
+            raise AttributeError(f"{where} does not import here, and has no @triton.jit function {attr!r}") from None
+        return kernels[attr]
     return getattr(module, attr)
 
 

@@ -1,14 +1,17 @@
 """``python -m attnformal.prove --triton FILE.py:KERNEL`` (or ``MODULE:ATTR``; repeated for several): the TTIR
 theorems, one line each; each refutation's smallest launch is written as a battery case that replays on the
-kernel's own entry point (``verify --impl FILE.py:attention --replay CASE``)."""
+kernel's own entry point (``verify --impl FILE.py:attention --replay CASE``), or on a host that launches a
+third-party kernel as its own host does (``ATTNFORMAL_KERNEL_FILE=FILE.py verify --impl MODULE:attention ...``)."""
 
 from __future__ import annotations
 
+import os
+import shlex
 import sys
 
 from attnformal.logic import PROVED, REFUTED, RLIMIT_UNIT
 from attnformal.tiling import ReproFolders
-from attnformal.ttir.launch import LAUNCHES
+from attnformal.ttir.launch import KERNEL_FILE_ENV, LAUNCHES
 from attnformal.ttir.theorems import Limits, load_attr, prove_launch
 
 
@@ -58,12 +61,14 @@ def prove_triton(target: str, limits: Limits = Limits(), out=sys.stdout, repro_d
 
 def refutation_case(proof, launch, config, target: str, folders, number: int = 0, seed: int = 0) -> str:
     """The battery case of a refutation's launch (its lengths, head counts and dims; the causal mode the launch
-    holds the configuration to, and its softcap), written for the module's entry point; the replay command, or why there is none."""
-    import torch
-
+    holds the configuration to, and its softcap) in the launch's dtype, written for its entry point; the replay
+    command (with the kernel's file in the environment, for a host entry point), or why there is none."""
+    from attnformal.cli import DTYPES
     from attnformal.verify.cases import random_case, shape
     from attnformal.verify.replay import write_reproducer
 
+    if "valuation" in (proof.countermodel or {}):
+        return "no case: the refutation is at chosen values, which a random case does not reproduce"
     sizes = {name: int(value) for name, value in (proof.countermodel or {}).items() if name in launch.sizes}
     needed = ("B", "Hq", "Hkv", "Sq", "Sk", "D", "Dv")
     if any(name not in sizes for name in needed):
@@ -72,17 +77,22 @@ def refutation_case(proof, launch, config, target: str, folders, number: int = 0
     if b * hq * max(sq * sk, sq * d, sk * d) > MAX_REPLAY_SCORES:
         return f"no case: the launch is too large to replay ({b}x{hq}x{sq}x{sk} scores)"
     where, _, kernel = target.rpartition(":")
-    impl = f"{where}:{launch.entry}"
+    impl, env = launch.entry, ""
+    if ":" not in impl:  # a name in the kernel's own module
+        impl = f"{where}:{impl}"
+    elif where.endswith(".py"):  # a host outside it, told which file's kernel to launch
+        env = f"{KERNEL_FILE_ENV}={shlex.quote(os.path.abspath(where))} "
     kwargs = {"causal": launch.geometry({"Sq": sq, "Sk": sk}, config).causal,  # the mode the launch holds it to
               "softcap": 4.0 if config.get("HAS_SOFTCAP") else None}
     case = random_case(f"ttir-{kernel}", shape(batch=b, heads_q=hq, heads_kv=hkv, len_q=sq, len_k=sk, head_dim=d,
-                                               head_dim_v=dv), torch.float32, "cpu", seed, grad=launch.backward,
-                       **kwargs)
+                                               head_dim_v=dv), DTYPES[launch.dtype], "cpu", seed,
+                       grad=launch.backward, **kwargs)
     theorem = proof.claim.split(":")[0].replace(" ", "-")
     path = folders.folder(impl) / f"ttir-{kernel}-{theorem}-{number}.pt"
-    write_reproducer(path, case, impl=impl, check=f"ttir:{theorem}", lse=True, backward=launch.backward)
+    write_reproducer(path, case, impl=impl, check=f"ttir:{theorem}", dtype=launch.dtype, lse=True,
+                     backward=launch.backward, env=env)
     note = f" (at num_splits 1, not the refutation's {sizes['S']})" if sizes.get("S", 1) != 1 else ""
-    return f"python -m attnformal.verify --impl {impl} --replay {path}{note}"
+    return f"{env}python -m attnformal.verify --impl {impl} --replay {path}{note}"
 
 
 _MODES = ("CAUSAL", "IS_CAUSAL", "STAGE")  # the constexprs that name a kernel's causal mode

@@ -15,6 +15,7 @@ where a valuation separates the two, else unknown).
 from __future__ import annotations
 
 import math
+import re
 
 import z3
 
@@ -106,6 +107,7 @@ class Trees:
 
 
 TreeTile.__attn_ops__ = Trees
+LN2 = TreeTile((), lambda lane: ("ln2",))  # ln 2, exactly (read by :class:`Reals`; a base-2 fold's scale)
 
 
 _PREDICATES = {
@@ -395,8 +397,8 @@ class Concrete:
         t, np = self.type, self.np
         tree = unfused(tree)
         kind = tree[0]
-        if kind == "const":
-            return t(tree[1])
+        if kind in ("const", "ln2"):
+            return t(tree[1] if kind == "const" else math.log(2))
         if kind in ("param", "opaque", "load"):
             lane = self.lane(tree[2]) if kind != "param" else ()
             return t(self.fill(tree, lane))
@@ -436,7 +438,9 @@ _NUMPY = {"arith.addf": lambda np, a, b: a + b, "arith.subf": lambda np, a, b: a
           "arith.maximumf": lambda np, a, b: np.maximum(a, b), "arith.minimumf": lambda np, a, b: np.minimum(a, b),
           "arith.negf": lambda np, a: -a, "math.absf": lambda np, a: np.abs(a), "math.sqrt": lambda np, a: np.sqrt(a),
           "math.exp": lambda np, a: np.exp(a), "math.exp2": lambda np, a: np.exp2(a),
-          "math.log": lambda np, a: np.log(a), "math.log2": lambda np, a: np.log2(a)}
+          "math.log": lambda np, a: np.log(a), "math.log2": lambda np, a: np.log2(a),
+          # conversions, met only where the trees are read in real arithmetic (IEEE refuses them first)
+          "arith.truncf": lambda np, a: a, "arith.extf": lambda np, a: a}
 
 
 def fills(loads, unit, seed=0):
@@ -463,3 +467,139 @@ def fills(loads, unit, seed=0):
         for from_unit in (False, True):
             yield (f"{access.arg} at {access.loc} all -inf, other loads 1, "
                    + ("from the unit state" if from_unit else "an arbitrary carried state"), valuation(from_unit, access))
+
+
+class Reals:
+    """Value trees as SymPy terms of real arithmetic, for a merge stated up to what a state means (a kernel that
+    folds in base 2, or carries its log-sum-exp). ``exp2(x)`` is ``exp(x ln 2)`` and ``log2`` ``log / ln 2``;
+    conversions (``truncf``, ``extf``) are exact; scores are finite, so ``x == -inf`` is false. A row sum or a
+    ``dot`` is a sum over a bound lane ``j``: its terms are expanded (``exp(a + b) = exp(a) exp(b)``) and what does
+    not depend on ``j`` is taken out, so a rescale ``exp(m - m')`` leaves the sum and cancels. What stays inside
+    is an application of a sum symbol to a term in ``j``; a row max, a select on integers (a mask, a boundary)
+    and anything else the theorem does not look into is a symbol named after its tree. Two trees with the same
+    normal form are equal in real arithmetic for every valuation of those symbols."""
+
+    def __init__(self, comparisons, assume=()):
+        import sympy
+        self.sp, self.comparisons, self.depth, self.keys, self.names = sympy, comparisons, 0, {}, {}
+        self.assume = tuple(assume)  # (Z3 Bool, its value): an ``if``'s condition, for a case of the theorem
+
+    def symbol(self, key):
+        if key not in self.keys:
+            self.keys[key] = self.sp.Symbol(f"v{len(self.keys)}", real=True)
+            self.names[self.keys[key]] = key
+        return self.keys[key]
+
+    def value(self, tree):
+        sp, kind = self.sp, tree[0]
+        if kind == "ln2":
+            return sp.log(2)
+        if kind == "const":
+            if not math.isfinite(tree[1]):
+                raise Unsupported(f"the constant {tree[1]} in real arithmetic", "the merge theorem")
+            return sp.Rational(tree[1])
+        if kind in ("param", "opaque", "load"):
+            return self.symbol(_key(tree))
+        if kind == "select":
+            truth = self.truth(tree[1])
+            return self.symbol(_key(tree)) if truth is None else self.value(tree[2] if truth else tree[3])
+        if kind == "op":
+            return self.operation(tree[1], [self.value(a) for a in tree[2:]])
+        if kind == "reduce":
+            _, combiners, source, axis, lane = tree
+            if combiners != ("arith.addf",):
+                return self.symbol(_key(tree))
+            return self.sum(source.shape[axis], lambda j: self.value(source.at(lane[:axis] + (j,) + lane[axis:])))
+        if kind == "dot":
+            _, a, b, c, lane = tree
+            row_sum = self.sum(a.shape[-1], lambda k: self.value(a.at((lane[0], k))) * self.value(b.at((k, lane[1]))))
+            return row_sum + self.value(c.at(lane))
+        raise Unsupported(f"float value {kind}", "the merge theorem")
+
+    def operation(self, name, args):
+        sp = self.sp
+        reals = {"arith.addf": lambda a, b: a + b, "arith.subf": lambda a, b: a - b, "arith.mulf": lambda a, b: a * b,
+                 "arith.divf": lambda a, b: a / b, "arith.negf": lambda a: -a, "arith.maxnumf": sp.Max,
+                 "arith.minnumf": sp.Min, "math.exp": sp.exp, "math.exp2": lambda a: sp.exp(a * sp.log(2)),
+                 "math.log": sp.log, "math.log2": lambda a: sp.log(a) / sp.log(2),
+                 "arith.truncf": lambda a: a, "arith.extf": lambda a: a}
+        if name not in reals:
+            raise Unsupported(f"float op {name} in real arithmetic", "the merge theorem")
+        return reals[name](*args)
+
+    def truth(self, cond):
+        """A select's condition where real arithmetic decides it (the spec's ``m == -inf`` guard: false) or the case
+        assumes it, else None (the select is then a symbol)."""
+        if isinstance(cond, tuple):
+            return {"oeq": False, "une": True, "one": True}.get(cond[1]) if ("const", -math.inf) in cond[2:4] else None
+        return next((value for condition, value in self.assume if condition.eq(cond)), None)
+
+    def sum(self, extent, body):
+        """``sum_{0 <= j < extent} body(j)`` in normal form."""
+        sp = self.sp
+        self.depth += 1
+        try:
+            j = z3.Int(f"sum_lane{self.depth}")
+            terms = sp.Add.make_args(self.normal(body(j)))
+        finally:
+            self.depth -= 1
+        token = re.compile(rf"\bsum_lane{self.depth + 1}\b")
+        inside = {s for s in set().union(*(t.free_symbols for t in terms)) if token.search(self.names[s])}
+        total = 0
+        for term in terms:
+            outside, within = sp.Integer(1), sp.Integer(1)
+            for factor in sp.Mul.make_args(term):
+                if isinstance(factor, sp.exp):  # exp(a + b): the parts in j stay inside
+                    parts = sp.Add.make_args(factor.args[0])
+                    outside *= sp.exp(sp.Add(*[p for p in parts if not p.free_symbols & inside]))
+                    within *= sp.exp(sp.Add(*[p for p in parts if p.free_symbols & inside]))
+                elif factor.free_symbols & inside:
+                    within *= factor
+                else:
+                    outside *= factor
+            total += outside * (extent if within == 1 else sp.Function(f"sum{extent}")(within))
+        return total
+
+    def normal(self, term):
+        """A sum of products, each product's exponentials merged into one ``exp`` of an expanded exponent."""
+        sp = self.sp
+        out = 0
+        for product in sp.Add.make_args(sp.expand(term, power_exp=True, log=False)):
+            merged = sp.powsimp(product, combine="exp")
+            rest = [f for f in sp.Mul.make_args(merged) if not isinstance(f, sp.exp)]
+            exponent = sp.expand(sp.Add(*[f.args[0] for f in sp.Mul.make_args(merged) if isinstance(f, sp.exp)]))
+            out += sp.Mul(*rest) * sp.exp(exponent)
+        return out
+
+    def equal(self, a, b):
+        """Whether two real terms are equal for every valuation of their symbols: the numerator of their
+        difference has normal form 0."""
+        numerator, _ = self.sp.fraction(self.sp.together(a - b))
+        return self.normal(numerator) == 0
+
+
+def _key(tree, depth=0):
+    """A tree's identity, as a string: equal strings are the same value (loads by access and simplified lane; a
+    reduction's or dot's bound lane named by its depth)."""
+    kind = tree[0]
+    if kind in ("const", "ln2"):
+        return repr(tree[1:])
+    if kind == "param":
+        return f"param {tree[1]}"
+    if kind in ("opaque", "load"):
+        name = f"carried {tree[1]}" if kind == "opaque" else f"load {tree[1].arg}#{id(tree[1])}"
+        return f"{name}[{', '.join(str(z3.simplify(x)) for x in tree[2])}]"
+    if kind == "select":
+        condition = _key(tree[1], depth) if isinstance(tree[1], tuple) else z3.simplify(tree[1])
+        return f"select({condition}, {_key(tree[2], depth)}, {_key(tree[3], depth)})"
+    if kind in ("op", "cmpf"):
+        return f"{tree[1]}({', '.join(_key(a, depth) for a in tree[2:])})"
+    x = z3.Int(f"key_lane{depth}")
+    if kind == "reduce":
+        _, combiners, source, axis, lane = tree
+        element = source.at(lane[:axis] + (x,) + lane[axis:])
+        return f"reduce{combiners}[{', '.join(str(z3.simplify(i)) for i in lane)}]({_key(element, depth + 1)})"
+    if kind == "dot":
+        _, a, b, c, lane = tree
+        return f"dot({_key(a.at((lane[0], x)), depth + 1)}, {_key(b.at((x, lane[1])), depth + 1)}, {_key(c.at(lane), depth)})"
+    raise Unsupported(f"float value {kind}", "the merge theorem")

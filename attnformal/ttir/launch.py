@@ -20,8 +20,10 @@ from attnformal.merge import SoftmaxState, block_state, merge
 from attnformal.schedule import FULL, PARTIAL, SKIP
 from attnformal.spec import kv_head_of
 from attnformal.tile import score_grads, softcap_slope
+from attnformal.ttir.folding import LN2
 
 INT32_MAX = 2 ** 31 - 1
+KERNEL_FILE_ENV = "ATTNFORMAL_KERNEL_FILE"  # the kernel file a host entry point (LaunchDescription.entry) launches
 MAX_ELEMENTS = 2 ** 40  # more elements than any accelerator's memory holds: every tensor a kernel accesses has fewer
 
 
@@ -67,6 +69,10 @@ class Fold:
     # The tensor each carried value is stored to, where it is stored as it is (converted at most): the value is
     # then the loop result that store writes, whatever the order a front end gives the loop's iter_args.
     stored: tuple[str, ...] = ()
+    # What the carried values stand for, as the spec's SoftmaxState (a base-2 fold: m in units of log2 e): then
+    # ``update`` takes and gives spec states, and the theorem is that the kernel's next state means the spec's
+    # next state (the same out and lse) in real arithmetic, not op for op.
+    means: Callable | None = None
 
 
 @dataclass
@@ -92,7 +98,11 @@ class LaunchDescription:
     # coordinates an iteration stands for (None: key block bn = iv / key_step)
     key_step: Callable = lambda config: 1  # config -> what the key loop's induction variable advances per key block
     outer_loop: Callable | None = None  # sizes -> (lower, upper): the range a loop around the block loop must run
-    entry: str = ""  # the module's protocol entry point that launches the kernel: a refutation's case replays there
+    # The protocol entry point that launches the kernel, where a refutation's case replays: a name in the kernel's
+    # module, or ``module:attr`` of a host outside it (a third-party file without one), told the kernel's file by
+    # the environment variable KERNEL_FILE_ENV.
+    entry: str = ""
+    dtype: str = "float32"  # what the entry point is called with in a replay (the kernel's own input dtype)
     backward: bool = False  # the entry point launches it for gradients (a replay compares them too)
     fold: Fold | str | None = None  # what the key loop carries and how a tile updates it (the merge theorem), or
     # why the launch states no merge theorem (reported as unknown)
@@ -483,6 +493,15 @@ def _tutorial_rows(tile, strided="", lanes=(0, -1), output=False):
 _TUTORIAL_M = TensorRole(("B", "Hq", "Sq"), program={0: "b", 1: "h"}, seq=2, tile="query", output=True)
 
 
+def _tutorial_fold(values):
+    """The tutorial's base-2 fold: ``(acc, l, m)`` with ``m`` and the scores ``s`` it takes ``exp2`` of in units of
+    log2 e, so they stand for the spec's ``(m ln 2, l, acc)`` and scores ``s ln 2``; ``values``: the V tensor."""
+    return Fold(("acc", "l", "m"), (0.0, 0.0, -math.inf),
+                lambda state, tiles, config: merge(state, block_state(tiles.s * LN2, tiles[values])),
+                "merge(state, block_state(s ln 2, V))", scores="exp",
+                means=lambda acc, l, m: SoftmaxState(m * LN2, l, acc))
+
+
 def _triton_tutorial(contiguous):
     """The Triton tutorial's fused attention, block-pointer forward (``python/tutorials/06-fused-attention.py`` of
     triton-lang/triton at 003da478d84f5bb0f51b3988cf0ea0bbe60282b7: ``_attn_fwd``, ``_attn_fwd_inner``), as its host
@@ -503,9 +522,7 @@ def _triton_tutorial(contiguous):
         key_loop=None, key_step=lambda config: config["BLOCK_N"], block=_blocks,
         pointer_types={"Q": "*fp16", "K": "*fp16", "V": "*fp16", "Out": "*fp16", "M": "*fp32", "sm_scale": "fp32",
                        "Z": "i32", "H": "i32", "N_CTX": "i32"},
-        positive=frozenset({"sm_scale"}),
-        fold="not stated: the tutorial's merge is in base 2 (exp2 of scores times scale * log2(e)) and l starts at 1, "
-             "not the spec's (m, l, acc) merge op for op",
+        positive=frozenset({"sm_scale"}), fold=_tutorial_fold("V"),
     )
 
 
@@ -534,7 +551,8 @@ def _tutorial_tma_constraints(s, config):
 # descriptors, which CUDA's ttir stage rewrites to pointer arithmetic below sm_90 (the IR proven here), and two
 # stages under causal (STAGE 3: the off-band blocks unmasked, then the diagonal block masked).
 TRITON_TUTORIAL_TMA = LaunchDescription(
-    kernel="06-fused-attention:_attn_fwd_tma", entry="",
+    kernel="06-fused-attention:_attn_fwd_tma", entry="attnformal.examples.triton_tutorial:attention_tma",
+    dtype="float16",
     sizes=("B", "Hq", "Hkv", "Sq", "Sk", "D", "Dv", *_TUTORIAL_STRIDES, *_DESCRIPTOR_FIELDS, *_DESCRIPTOR_COPIES),
     arguments=dict(Z="B", H="Hq", N_CTX="Sq", **{name: name for name in _DESCRIPTOR_FIELDS + _DESCRIPTOR_COPIES}),
     tensors=dict(desc_q=_tutorial_rows("query"), desc_k=_tutorial_rows("key"), desc_v=_tutorial_rows("key"),
@@ -546,7 +564,7 @@ TRITON_TUTORIAL_TMA = LaunchDescription(
     key_loop=None, key_step=lambda config: config["BLOCK_N"], block=_blocks,
     pointer_types={"M": "*fp32", "sm_scale": "fp32", "Z": "i32", "H": "i32", "N_CTX": "i32",
                    **{d: f"tensordesc<fp16[{128 if d in ('desc_q', 'desc_o') else 64},64]>" for d in _DESCRIPTORS}},
-    positive=frozenset({"sm_scale"}), fold=TRITON_TUTORIAL.fold,
+    positive=frozenset({"sm_scale"}), fold=_tutorial_fold("desc_v"),
 )
 LAUNCHES = {launch.kernel: launch for launch in (FORWARD, BACKWARD_DQ, BACKWARD_DKDV, FLASH_ATTN_TRITON,
                                                  TRITON_TUTORIAL, TRITON_TUTORIAL_TMA)}

@@ -635,9 +635,11 @@ def _tile_row(setting, element):
 
 def merge(setting, limits):
     """The key loop carrying the launch's state (:class:`~attnformal.ttir.launch.Fold`) starts from its unit (a loop
-    around it, from the unit and through it) and each iteration yields the spec's update of the state by the tile,
-    op for op in the IR's IEEE arithmetic (:mod:`attnformal.ttir.folding`): ``merge(state, block_state(s, v))`` in
-    the forward, ``state + score_grads(s, ...)`` in the backward."""
+    around it, from the unit and through it; a loop after another, from that one's results) and each iteration
+    yields the spec's update of the state by the tile: op for op in the IR's IEEE arithmetic
+    (:mod:`attnformal.ttir.folding`), ``merge(state, block_state(s, v))`` in the forward, ``state + score_grads(s,
+    ...)`` in the backward; or, for a fold the launch states by what its state means (``Fold.means``: a base-2
+    merge), the same ``out`` and ``lse`` as the spec's merge, in real arithmetic (:class:`folding.Reals`)."""
     fold = setting.launch.fold
     if fold is None:
         return
@@ -647,26 +649,39 @@ def merge(setting, limits):
     names = ", ".join(fold.carried)
     loops = [(loop, found[0]) for loop in setting.trace.loops if len(loop.carried) == len(fold.carried)
              for found in [_fold_scores(setting, loop, fold.scores)] if len(found) == 1]
-    if len(loops) != 1:
+    if not loops or len({id(loop.outer) for loop, _ in loops}) > 1:  # one loop, or loops one after another
         yield Proof(f"merge: a key loop carrying ({names})", TOOL, UNKNOWN,
-                    detail=f"{len(loops)} loops carry {len(fold.carried)} values and hold one {fold.scores}")
+                    detail=f"{len(loops)} loops carry {len(fold.carried)} values and hold one {fold.scores}, "
+                           "not one after another")
         return
-    (loop, (scores, scores_at)), = loops
+    after = None
+    for loop, (scores, scores_at) in loops:
+        order = yield from _merge_loop(setting, fold, loop, scores, scores_at, limits, after)
+        after = (loop, order)
+
+
+def _merge_loop(setting, fold, loop, scores, scores_at, limits, after):
+    """The merge theorem's claims on one key loop (``after``: the key loop it follows, whose results it starts from,
+    and where that one carries the fold's values); returns where this one carries them (None: unknown)."""
+    names = ", ".join(fold.carried)
     chain = [loop, *(o for o in _outer_loops(loop) if len(o.carried) == len(fold.carried))]
     first = chain[-1]
     order, stores = _stored_order(setting, first, fold)
     if order is None:
         yield Proof(f"merge: the loop at {first.loc} carries ({names})", TOOL, UNKNOWN, detail=stores)
-        return
+        return None
+    tiles = LoopTiles(setting, loop, scores)
+    if fold.means is not None and not fold.stored:  # named by what they mean: iter_args in any order
+        order = next((p for p in itertools.permutations(order) if _means_alike(setting, fold, loop, tiles, p)), order)
+        names = f"{names}: iter_args {', '.join(map(str, order))}"
     carried = {id(each): [each.carried[p] for p in order] for each in chain}
     results = {id(each): [each.results[p] for p in order] for each in chain}
-    tiles = LoopTiles(setting, loop, scores)
+    placeholders = tuple(folding.TreeTile.rows(placeholder) for _, placeholder, _ in carried[id(loop)])
     try:
-        want = fold.update(tuple(folding.TreeTile.rows(placeholder) for _, placeholder, _ in carried[id(loop)]), tiles,
-                           setting.config)
+        want = fold.update(placeholders if fold.means is None else fold.means(*placeholders), tiles, setting.config)
     except Unsupported as why:
         yield Proof(f"merge: the loop at {loop.loc}", TOOL, UNKNOWN, detail=str(why))
-        return
+        return None
     for holds, load in tiles.flags:
         yield _flags_are_pairs(setting, holds, load, limits)
     ieee = folding.IEEE(setting.trace, loop.carried[0][0].kind.width)
@@ -675,10 +690,19 @@ def merge(setting, limits):
     search = (loop, [a for a in {id(a): a for a in loads}.values() if a.value.kind.name == "float"],  # each one's -inf is tried
               {placeholder.at(probe[:len(placeholder.shape)])[1]: unit
                for each in chain for (_, placeholder, _), unit in zip(carried[id(each)], fold.unit)})
-    yield _decide_lanes(f"merge: the loop at {first.loc} starts from the unit ({names}) = "
-                        f"({', '.join(f'{u:g}' for u in fold.unit)})",
-                        [initial for initial, _, _ in carried[id(first)]], list(fold.unit), ieee, first.path, setting,
-                        limits, search, where=f"the values entering the loop at {first.loc}")
+    initial = [initial for initial, _, _ in carried[id(first)]]
+    if after is None:
+        yield _decide_lanes(f"merge: the loop at {first.loc} starts from the unit ({names}) = "
+                            f"({', '.join(f'{u:g}' for u in fold.unit)})", initial, list(fold.unit), ieee, first.path,
+                            setting, limits, search, where=f"the values entering the loop at {first.loc}")
+    elif after[1] is None:
+        yield Proof(f"merge: the loop at {first.loc} starts from the ({names}) the loop at {after[0].loc} ends with",
+                    TOOL, UNKNOWN, detail=f"the merge of the loop at {after[0].loc} is unknown")
+    else:
+        previous = [after[0].results[p] for p in after[1]]
+        yield _decide_lanes(f"merge: the loop at {first.loc} starts from the ({names}) the loop at {after[0].loc} ends "
+                            "with", initial, [folding.TreeTile.rows(t) for t in previous], ieee, first.path, setting,
+                            limits, search, where=f"the values entering the loop at {first.loc}")
     for inner, outer in zip(chain, chain[1:]):
         yield _decide_lanes(f"merge: the loop at {outer.loc} carries ({names}) through the loop at {inner.loc} (which "
                             "starts from them and whose results it yields)",
@@ -686,11 +710,95 @@ def merge(setting, limits):
                             [folding.TreeTile.rows(t) for _, t, _ in carried[id(outer)]]
                             + [folding.TreeTile.rows(t) for t in results[id(inner)]],
                             ieee, _iterating(outer), setting, limits, search, where=f"the loop at {outer.loc}")
-    reads = ", ".join(f"{a.arg} at {a.loc}" for a in tiles.read)
+    reads = ", ".join(dict.fromkeys(f"{a.arg} at {a.loc}" for a in tiles.read))
+    if fold.means is not None:
+        got = fold.means(*(folding.TreeTile.rows(yielded) for _, _, yielded in carried[id(loop)]))
+        yield _decide_real(f"merge: ({names}) after an iteration of the loop at {loop.loc} means what {fold.says} "
+                           f"means -- the same out = acc / l and lse = m + log l -- in real arithmetic (s: the scores "
+                           f"{scores_at}; reads {reads})", _meaning(got), _meaning(want), setting, limits, search)
+        return order
     for name, stored, (_, _, yielded), expected in zip(fold.carried, stores, carried[id(loop)], want):
         yield _decide_lanes(f"merge: {name}{stored} after an iteration of the loop at {loop.loc} is {fold.says}.{name}, "
                             f"op for op (s: the scores {scores_at}; reads {reads})",
                             [yielded], [expected], ieee, _iterating(loop), setting, limits, search)
+    return order
+
+
+def _means_alike(setting, fold, loop, tiles, order):
+    """Whether the values ``loop`` carries at positions ``order``, read as the fold's, mean after an iteration what
+    the spec's update of them means, in real arithmetic, in every case of the body's ifs."""
+    def tiles_of(which):
+        return tuple(folding.TreeTile.rows(loop.carried[p][which]) for p in order)
+    try:
+        kernel = _meaning(fold.means(*tiles_of(2)))
+        spec = _meaning(fold.update(fold.means(*tiles_of(1)), tiles, setting.config))
+        return _real_cases(setting, loop, zip(kernel, spec))[0]
+    except (Unsupported, ValueError, TypeError):  # values of other shapes in those places
+        return False
+
+
+def _real_cases(setting, loop, pairs):
+    """``(equal, trees, lane ranges, lanes, branches)``: whether each pair of tiles is equal on a generic lane in real
+    arithmetic (:class:`folding.Reals`), in every case of the ``if``s of ``loop``'s body (:func:`_branch_conditions`)."""
+    trees, ranges, lanes = [], [], []
+    for k, (a, b) in enumerate(pairs):
+        lane, in_range = setting.lane(a.shape, f"{k}_")
+        trees.append((a.at(lane), b.at(lane)))
+        ranges, lanes = ranges + in_range, lanes + list(lane)
+    branches = _branch_conditions(setting, loop)
+    cases = [folding.Reals(setting.trace.comparisons, zip([c for c, _ in branches], values))
+             for values in itertools.product((True, False), repeat=len(branches))]
+    equal = all(reals.equal(reals.value(a), reals.value(b)) for reals in cases for a, b in trees)
+    return equal, trees, ranges, lanes, branches
+
+
+def _branch_conditions(setting, loop):
+    """``[(condition, where it is met)]`` of the ``if``s in ``loop``'s body that a row max or an exponential sits under (the
+    Triton tutorial's masked diagonal blocks): the real-arithmetic merge is decided in each case of them."""
+    around = {c.get_id() for c in _iterating(loop)}
+    found = {}
+    for record in setting.trace.reductions + setting.trace.exponentials:  # (..., loc, loop, path)
+        if record[-2] is loop:
+            found.update({c.get_id(): (c, record[-3]) for c in record[-1] if c.get_id() not in around})
+    return list(found.values())
+
+
+def _meaning(state):
+    """What a softmax state stands for, as tiles: ``out = acc / l`` and ``exp(lse) = exp(m) * l``."""
+    return state.acc / state.l, folding.Trees.exp(state.m) * state.l
+
+
+REAL_ASSUMED = ("real arithmetic: exp2(x) = exp(x ln 2), conversions exact, every value finite, l != 0",)
+REAL_SEPARATION = 1e-6  # a relative difference that float64 evaluation of both sides cannot come from rounding
+
+
+def _decide_real(claim, kernel, spec, setting, limits, search):
+    """Each pair of tiles equal on every lane in real arithmetic, for every value of what they load and carry:
+    proved where their normal forms agree (:class:`folding.Reals`); refuted where float64 evaluations at a
+    standard-normal valuation differ by more than REAL_SEPARATION relative (rounding cannot), else unknown."""
+    start = time.perf_counter()
+    loop, loads, unit = search
+    try:
+        equal, trees, ranges, lanes, branches = _real_cases(setting, loop, zip(kernel, spec))
+    except Unsupported as why:
+        return Proof(claim, TOOL, UNKNOWN, detail=str(why))
+    if equal:
+        cased = f", in each case of the ifs at {', '.join(dict.fromkeys(at for _, at in branches))}" if branches else ""
+        return Proof(claim + cased, TOOL, PROVED, hypotheses=tuple(setting.assumed) + REAL_ASSUMED,
+                     seconds=time.perf_counter() - start)
+    query = setting.facts + ranges + _iterating(loop) + [x == 0 for x in lanes]
+    model = _model(query + setting.table_facts(query, _table_context(setting, loop)), limits)
+    if model is not None:
+        description, fill = next(folding.fills(loads, unit))
+        concrete = folding.Concrete(model, setting.trace.comparisons, fill, 64)
+        for a, b in trees:
+            got, want = float(concrete.value(a)), float(concrete.value(b))
+            if abs(got - want) > REAL_SEPARATION * (abs(got) + abs(want)):
+                return Proof(claim, TOOL, REFUTED, countermodel={"valuation": f"{description}, in float64",
+                                                                "kernel": repr(got), "spec": repr(want)},
+                             seconds=time.perf_counter() - start)
+    return Proof(claim, TOOL, UNKNOWN, seconds=time.perf_counter() - start,
+                 detail="their real-arithmetic normal forms differ, and no float64 valuation tried separates them")
 
 
 def _flags_are_pairs(setting, holds, load, limits):
@@ -755,8 +863,23 @@ def _fold_scores(setting, loop, where):
     if where == "row max":
         return [(source, f"reaching the row max at {loc}") for source, loc in _row_max(setting, loop)]
     return [(scores, f"weighed by the exp at {loc}") for scores, loc, at in
-            ((_shifted_scores(source), loc, at) for source, loc, at, _ in setting.trace.exponentials)
+            ((_branch_scores(source), loc, at) for source, loc, at, _ in setting.trace.exponentials)
             if at is loop and scores is not None]
+
+
+def _branch_scores(source):
+    """:func:`_shifted_scores`, also of an exponential whose argument an ``if`` chose (``select(c, s1 - shift1,
+    s2 - shift2)``: the tutorial's diagonal and off-diagonal blocks), as ``select(c, s1, s2)``."""
+    def scores(node):
+        if node[0] == "select":
+            branches = [scores(branch) for branch in node[2:4]]
+            return None if None in branches else ("select", node[1], *branches, node[4])
+        return node[2] if node[0] == "op" and node[1] == "arith.subf" and _has_dot(node[2]) \
+            and not _has_dot(node[3]) else None
+    probe = tuple(z3.Int(f"probe{k}") for k in range(len(source.shape)))
+    if scores(source.at(probe)) is None:
+        return None
+    return Tensor(source.shape, source.kind, lambda lane: scores(source.at(lane)))
 
 
 class LoopTiles:

@@ -72,14 +72,15 @@ def describe_replay(path, result: CheckResult) -> str:
 
 
 def write_reproducer(path, case: Case, *, impl: str, check: str, dtype: str = "float32", tolerance: str = "default",
-                     lse: bool = False, backward: bool = False, run_seed: int = 0) -> Path:
+                     lse: bool = False, backward: bool = False, run_seed: int = 0, env: str = "") -> Path:
     """Save ``case`` in the format :func:`load_reproducer` reads, for ``--impl IMPL --replay PATH``.
 
-    For cases built outside the battery (e.g. a kernel tiling's counterexample shape).
+    For cases built outside the battery (e.g. a kernel tiling's counterexample shape); ``env``: the shell
+    assignments the implementation needs (``NAME=value ``), put before the rerun command.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    rerun = f"python -m attnformal.verify --impl {impl} --replay {path}"
+    rerun = f"{env}python -m attnformal.verify --impl {impl} --replay {path}"
     torch.save({"case": case.to_payload(), "lse": lse, "backward": backward, "check": check, "dtype": dtype,
                 "tolerance": tolerance, "impl": impl, "run_seed": run_seed, "spec": case.spec.to_json(),
                 "rerun": rerun}, path)

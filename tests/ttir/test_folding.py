@@ -2,7 +2,9 @@
 
 The trees here are built from the spec's own functions on :class:`TreeTile` leaves (no kernel), so the
 concrete evaluator is checked against the spec evaluated on numpy arrays, and a hand-written tree without the
-empty-row shift guard is the control that must differ from it.
+empty-row shift guard is the control that must differ from it. The real-arithmetic reading (:class:`Reals`) is
+held to a base-2 online update, which means what the spec's merge means, with a rescale left out and ln 2 rounded
+as the controls that must not.
 """
 
 import numpy as np
@@ -10,7 +12,7 @@ import z3
 
 from attnformal import ops
 from attnformal.merge import SoftmaxState, block_state, merge
-from attnformal.ttir.folding import Concrete, TreeTile, first_difference
+from attnformal.ttir.folding import LN2, Concrete, Reals, Trees, TreeTile, first_difference
 
 RNG = np.random.default_rng(20261204)
 # row 0 an ordinary row; row 1 a fully masked row that has seen no key yet (m = -inf, l = acc = 0)
@@ -56,3 +58,35 @@ def test_a_tree_without_the_shift_guard_differs_and_its_first_difference_is_foun
     assert found is not None and found[1][0] == "reduce" and found[2][0] == "select", found
     got, want = _evaluate(unguarded), _evaluate(spec)
     assert np.isnan(got[1, 0]) and want[1, 0] == 0.0 and got[0, 0] == want[0, 0]
+
+
+def _exp2(x):
+    return TreeTile(x.shape, lambda lane: ("op", "math.exp2", x.at(lane)))
+
+
+def _base2_update(rescale=True, ln2=LN2):
+    """The Triton tutorial's loop body on leaves: s and m in units of log2 e; what it means, as the spec's state."""
+    m, l, acc, s = (_leaves(name) for name in ("m", "l", "acc", "s"))
+    m_new = ops.maximum(m, ops.rowmax(s))
+    p, alpha = _exp2(s - m_new), _exp2(m - m_new)
+    state = SoftmaxState(m_new, l * alpha + ops.rowsum(p), (acc * alpha if rescale else acc) + ops.matmul(p, _leaves("v")))
+    return SoftmaxState(state.m * ln2, state.l, state.acc)
+
+
+def _means_the_spec(kernel):
+    """Whether ``kernel`` has the spec merge's out = acc / l and exp(lse) = exp(m) l, on each lane, in real arithmetic."""
+    spec = merge(SoftmaxState(_leaves("m") * LN2, _leaves("l"), _leaves("acc")), block_state(_leaves("s") * LN2, _leaves("v")))
+    reals = Reals({})
+    lanes = (z3.Int("i"), z3.Int("d"))
+    return [reals.equal(reals.value(a.at(lanes)), reals.value(b.at(lanes)))
+            for a, b in ((kernel.acc / kernel.l, spec.acc / spec.l), (Trees.exp(kernel.m) * kernel.l, Trees.exp(spec.m) * spec.l))]
+
+
+def test_a_base_2_update_means_the_spec_merge_in_real_arithmetic():
+    assert _means_the_spec(_base2_update()) == [True, True]
+
+
+def test_a_base_2_update_without_the_rescale_or_with_ln_2_rounded_does_not():
+    assert _means_the_spec(_base2_update(rescale=False)) == [False, True]  # lse never reads acc
+    rounded = TreeTile((), lambda lane: ("const", float(np.log(2))))  # exact in real arithmetic: not ln 2
+    assert _means_the_spec(_base2_update(ln2=rounded)) == [True, False]  # out is the same whatever m stands for

@@ -325,7 +325,6 @@ BLOCK_POINTER_PLANTED = [
     ("the key loop one block short", _plant("range(0, end, BLOCK_N)", "range(0, end - BLOCK_N, BLOCK_N)"),
      "coverage", "coverage", ("_attn_fwd", "for start_n in range(", 0), 1),
 ]
-UNSTATED_MERGE = ("unknown", "merge: the key loop's update is the spec's merge")
 
 
 def _all_proved_but(kernel, config, described, unproved):
@@ -346,16 +345,21 @@ DESCRIPTOR_PLANTED = [
      "address", "address: load of desc_k", ("_attn_fwd_tma", "desc_k.load", 0), 0),
     ("finite -1e6 fill", _plant('s, float("-inf"))', "s, -1.0e6)", function="_attn_fwd_tma"),
      "masking", "masking", ("_attn_fwd_tma", "s = tl.where(rows", 0), 1),
+    # the base-2 merge, in real arithmetic: refuted by a float64 valuation, named by the loop
+    ("l not rescaled by alpha", _plant("l = l * alpha + tl.sum(p, 1)", "l = l + tl.sum(p, 1)", function="_attn_fwd_tma"),
+     "merge", "merge: (acc, l, m: iter_args 0, 1, 2) after an iteration", ("_attn_fwd_tma", "for start_n in range(", 0), 0),
+    ("alpha in base e", _plant("alpha = tl.exp2(m - m_new)", "alpha = tl.exp(m - m_new)", function="_attn_fwd_tma"),
+     "merge", "merge: (acc, l, m: iter_args 0, 1, 2) after an iteration", ("_attn_fwd_tma", "for start_n in range(", 0), 1),
 ]
 
 
 # The kernels written here for the tutorial's two launch descriptions: (skip mark, source, kernel, description,
-# what stays unproved: the merge is not stated; the descriptor's "every o element is stored" runs out of its Z3 budget,
-# the flattened view's row bound Z * H * N_CTX being a product of three unknowns)
+# what stays unproved: the descriptor's "every o element is stored" runs out of its Z3 budget, the flattened view's
+# row bound Z * H * N_CTX being a product of three unknowns)
 OWN_KERNELS = {
-    "block_pointer": (needs_block_pointers, BLOCK_POINTER_SOURCE, "_attn_fwd", "TRITON_TUTORIAL", (UNSTATED_MERGE,)),
+    "block_pointer": (needs_block_pointers, BLOCK_POINTER_SOURCE, "_attn_fwd", "TRITON_TUTORIAL", ()),
     "descriptor": (needs_cuda_descriptors, DESCRIPTOR_SOURCE, "_attn_fwd_tma", "TRITON_TUTORIAL_TMA",
-                   (("unknown", "writes: every desc_o element is stored (descriptor_attention.py:39)"), UNSTATED_MERGE)),
+                   (("unknown", "writes: every desc_o element is stored (descriptor_attention.py:41)"),)),
 }
 
 

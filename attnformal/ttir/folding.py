@@ -348,9 +348,9 @@ class Concrete:
     ``elements`` caches the element trees at concrete indices and the integer conditions, which do not
     depend on the fill: share it between valuations of one model (building a tree is most of the cost)."""
 
-    def __init__(self, model, comparisons, fill, width, elements=None):
+    def __init__(self, model, comparisons, fill, width, elements=None, read_back=lambda load: None):
         import numpy
-        self.np, self.model, self.comparisons, self.fill = numpy, model, comparisons, fill
+        self.np, self.model, self.comparisons, self.fill, self.read_back = numpy, model, comparisons, fill, read_back
         self.type = {16: numpy.float16, 32: numpy.float32, 64: numpy.float64}[width]
         self.memo, self.elements = {}, {} if elements is None else elements
 
@@ -399,6 +399,8 @@ class Concrete:
         kind = tree[0]
         if kind in ("const", "ln2"):
             return t(tree[1] if kind == "const" else math.log(2))
+        if kind == "load" and self.read_back(tree) is not None:
+            return self.value(self.read_back(tree))
         if kind in ("param", "opaque", "load"):
             lane = self.lane(tree[2]) if kind != "param" else ()
             return t(self.fill(tree, lane))
@@ -479,10 +481,11 @@ class Reals:
     and anything else the theorem does not look into is a symbol named after its tree. Two trees with the same
     normal form are equal in real arithmetic for every valuation of those symbols."""
 
-    def __init__(self, comparisons, assume=()):
+    def __init__(self, comparisons, assume=(), read_back=lambda load: None):
         import sympy
         self.sp, self.comparisons, self.depth, self.keys, self.names = sympy, comparisons, 0, {}, {}
         self.assume = tuple(assume)  # (Z3 Bool, its value): an ``if``'s condition, for a case of the theorem
+        self.read_back = read_back  # a load node -> the value stored there, where the launch says it reads it back
 
     def symbol(self, key):
         if key not in self.keys:
@@ -498,6 +501,8 @@ class Reals:
             if not math.isfinite(tree[1]):
                 raise Unsupported(f"the constant {tree[1]} in real arithmetic", "the merge theorem")
             return sp.Rational(tree[1])
+        if kind == "load" and self.read_back(tree) is not None:
+            return self.value(self.read_back(tree))
         if kind in ("param", "opaque", "load"):
             return self.symbol(_key(tree))
         if kind == "select":

@@ -20,7 +20,7 @@ from attnformal.merge import SoftmaxState, block_state, merge
 from attnformal.schedule import FULL, PARTIAL, SKIP
 from attnformal.spec import kv_head_of
 from attnformal.tile import score_grads, softcap_slope
-from attnformal.ttir.folding import LN2
+from attnformal.ttir.folding import LN2, Trees
 
 INT32_MAX = 2 ** 31 - 1
 KERNEL_FILE_ENV = "ATTNFORMAL_KERNEL_FILE"  # the kernel file a host entry point (LaunchDescription.entry) launches
@@ -104,10 +104,13 @@ class LaunchDescription:
     entry: str = ""
     dtype: str = "float32"  # what the entry point is called with in a replay (the kernel's own input dtype)
     backward: bool = False  # the entry point launches it for gradients (a replay compares them too)
-    fold: Fold | str | None = None  # what the key loop carries and how a tile updates it (the merge theorem), or
-    # why the launch states no merge theorem (reported as unknown)
+    fold: Fold | None = None  # what the key loop carries and how a tile updates it (the merge theorem; None: the
+    # launch states none, reported as unknown)
     positive: frozenset = frozenset()  # float parameters the host passes positive (the softmax scale)
     cases: Callable | None = None  # (sizes, config) -> [(name, fact)]: alternatives one of which every launch meets
+    # Tensors a program reads back right after storing to them (flash_attn_triton's TMP, a compiler-bug
+    # workaround): the merge reads such a load as the value stored (assumed, and reported so).
+    scratch: frozenset = frozenset()
     # (an output's dense stride orders); a writes theorem is decided in each (one nonlinear disjunction is slow)
 
 
@@ -439,9 +442,12 @@ def _flash_attn_triton(causal):
                                                                                          config["BLOCK_N"]),
         pointer_types={"Bias": "*fp32", "Out": "*fp32", "Lse": "*fp32", "softmax_scale": "fp32",
                        "CACHE_KEY_SEQLEN_Q": "i32", "CACHE_KEY_SEQLEN_K": "i32"},
-        positive=frozenset({"softmax_scale"}), cases=_flash_out_orders,
-        fold="not stated: the kernel carries (lse, m, acc) with lse_i = m_ij + log(exp(lse_i - m_ij) + l_ij) and routes "
-             "acc's rescale through the TMP scratch, not the spec's (m, l, acc) merge op for op",
+        positive=frozenset({"softmax_scale"}), cases=_flash_out_orders, scratch=frozenset({"TMP"}),
+        # (acc_o, lse_i, m_i): acc_o is relative to m_i, lse_i the log-sum-exp so far, so l = exp(lse - m)
+        fold=Fold(("acc", "lse", "m"), (0.0, -math.inf, -math.inf),
+                  lambda state, tiles, config: merge(state, block_state(tiles.s, tiles["V"])),
+                  "merge(state, block_state(s, V))", scores="exp",
+                  means=lambda acc, lse, m: SoftmaxState(m, Trees.exp(lse - m), acc)),
     )
 
 

@@ -19,7 +19,9 @@ launch description's facts (lengths, grid, table contents) and the stated precon
   query heads of a group) over exactly the range the launch states;
 * **writes** -- every element of every output is written by exactly one program and lane.
 * **merge** -- the key loop carrying the launch's softmax state starts from merge's unit and each
-  iteration yields the spec's ``merge(state, block_state(s, v))``, op for op in the IR's IEEE arithmetic.
+  iteration yields the spec's ``merge(state, block_state(s, v))``, op for op in the IR's IEEE arithmetic;
+  or, for a state the launch states by its meaning (a base-2 or log-sum-exp fold), has the same ``out`` and
+  ``lse`` as the spec's merge, in real arithmetic.
 
 An IR the interpreter cannot model gives one *unknown* naming the op and line.
 """
@@ -163,16 +165,38 @@ def decide(claim, hypotheses, goal, setting, limits, show=(), context=None) -> P
 SMALL_LAUNCHES = (2, 16, 256, 2 ** 16)  # bounds on every length tried in turn for the smallest refutation
 
 
+SMALL_COUNTS = ("B", "Hq", "Hkv")  # the counts a model is then shrunk in, each to <= 2, else <= 16 (a case's size)
+
+
 def _small_counterexample(query, setting, budget):
     """A model of the refutation with every length <= the first bound that admits one (Z3 finds those
-    fast where the unbounded nonlinear query is slow), or None."""
+    fast where the unbounded nonlinear query is slow), its batch and head counts then shrunk where the
+    refutation allows (a replayed case's size), or None."""
     for bound in SMALL_LAUNCHES:
         solver = z3.Solver()
         solver.add(*query, *[size <= bound for size in setting.sizes.values()])
         verdict, _ = budget.check(solver, share=0.25)
         if verdict == z3.sat:
-            return solver.model()
+            return _shrunk(solver, setting, budget)
     return None
+
+
+def _shrunk(solver, setting, budget):
+    model = solver.model()
+    for name in (n for n in SMALL_COUNTS if n in setting.sizes):
+        size = setting.sizes[name]
+        for tighter in (2, 16):
+            if model.eval(size, model_completion=True).as_long() <= tighter:
+                break
+            solver.push()
+            solver.add(size <= tighter)
+            verdict, _ = budget.check(solver, share=0.05)
+            if verdict == z3.sat:
+                model = solver.model()
+            solver.pop()
+            if verdict == z3.sat:
+                break
+    return model
 
 
 def _spent(setting, start, budget):
@@ -642,9 +666,8 @@ def merge(setting, limits):
     merge), the same ``out`` and ``lse`` as the spec's merge, in real arithmetic (:class:`folding.Reals`)."""
     fold = setting.launch.fold
     if fold is None:
-        return
-    if isinstance(fold, str):
-        yield Proof("merge: the key loop's update is the spec's merge", TOOL, UNKNOWN, detail=fold)
+        yield Proof("merge: the key loop's update is the spec's merge", TOOL, UNKNOWN,
+                    detail="the launch description states no fold")
         return
     names = ", ".join(fold.carried)
     loops = [(loop, found[0]) for loop in setting.trace.loops if len(loop.carried) == len(fold.carried)
@@ -746,10 +769,30 @@ def _real_cases(setting, loop, pairs):
         trees.append((a.at(lane), b.at(lane)))
         ranges, lanes = ranges + in_range, lanes + list(lane)
     branches = _branch_conditions(setting, loop)
-    cases = [folding.Reals(setting.trace.comparisons, zip([c for c, _ in branches], values))
+    cases = [folding.Reals(setting.trace.comparisons, zip([c for c, _ in branches], values), _read_back(setting))
              for values in itertools.product((True, False), repeat=len(branches))]
     equal = all(reals.equal(reals.value(a), reals.value(b)) for reals in cases for a, b in trees)
     return equal, trees, ranges, lanes, branches
+
+
+def _read_back(setting):
+    """``load node -> stored tree or None``: a load of one of the launch's scratch tensors reads what the program's
+    last store to that tensor before it wrote, where both are unmasked, in the same loop body under the same
+    conditions, and their pointers are equal on the lane."""
+    accesses = setting.trace.accesses
+
+    def stored(node):
+        load, lane = node[1], node[2]
+        if load.arg not in setting.launch.scratch or load.mask is not None:
+            return None
+        before = accesses[:next(k for k, a in enumerate(accesses) if a is load)]
+        stores = [a for a in before if a.op == "store" and a.arg == load.arg and a.loop is load.loop]
+        if not stores or stores[-1].mask is not None or stores[-1].ptr.shape != load.ptr.shape or \
+                [c.get_id() for c in stores[-1].path] != [c.get_id() for c in load.path]:
+            return None
+        same = z3.simplify(stores[-1].ptr.at(lane).offset == load.ptr.at(lane).offset)
+        return stores[-1].value.at(lane) if z3.is_true(same) else None
+    return stored
 
 
 def _branch_conditions(setting, loop):
@@ -784,13 +827,15 @@ def _decide_real(claim, kernel, spec, setting, limits, search):
         return Proof(claim, TOOL, UNKNOWN, detail=str(why))
     if equal:
         cased = f", in each case of the ifs at {', '.join(dict.fromkeys(at for _, at in branches))}" if branches else ""
-        return Proof(claim + cased, TOOL, PROVED, hypotheses=tuple(setting.assumed) + REAL_ASSUMED,
+        scratch = tuple(f"{name}: a program's load reads what its last store there wrote (the launch's scratch)"
+                        for name in sorted(setting.launch.scratch))
+        return Proof(claim + cased, TOOL, PROVED, hypotheses=tuple(setting.assumed) + REAL_ASSUMED + scratch,
                      seconds=time.perf_counter() - start)
     query = setting.facts + ranges + _iterating(loop) + [x == 0 for x in lanes]
     model = _model(query + setting.table_facts(query, _table_context(setting, loop)), limits)
     if model is not None:
         description, fill = next(folding.fills(loads, unit))
-        concrete = folding.Concrete(model, setting.trace.comparisons, fill, 64)
+        concrete = folding.Concrete(model, setting.trace.comparisons, fill, 64, read_back=_read_back(setting))
         for a, b in trees:
             got, want = float(concrete.value(a)), float(concrete.value(b))
             if abs(got - want) > REAL_SEPARATION * (abs(got) + abs(want)):

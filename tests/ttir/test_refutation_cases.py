@@ -58,26 +58,35 @@ def test_a_refutation_replays_as_a_failing_battery_case(tmp_path):
 
 # A third-party kernel without the protocol replays on a host written from its own (examples/triton_tutorial.py for
 # the Triton tutorial's TMA forward, told the kernel's file by ATTNFORMAL_KERNEL_FILE). The tutorial is not vendored:
-# the descriptor kernel written for its launch description stands in for it, under its file name, with the
-# tutorial's batch offset planted.
+# the descriptor kernel written for its launch description stands in for it, under its file name, with one of the
+# tutorial's defects planted: its batch offset (STAGE 1), its finite causal fill (STAGE 3, whose case scales the
+# scores up to the fill).
 DESCRIPTOR = pathlib.Path(__file__).parent / "descriptor_attention.py"
-TUTORIAL_OFFSET = ("head_row = off_hz * N_CTX", "head_row = off_hz // H + off_hz % H * N_CTX")
-TUTORIAL_CHILD = CHILD.replace("FORWARD", "TRITON_TUTORIAL_TMA")
+TUTORIAL_CHILD = """
+import sys
+from attnformal.ttir.cli import prove_triton
+from attnformal.ttir.launch import TRITON_TUTORIAL_TMA
+sys.exit(prove_triton(sys.argv[1], repro_dir=sys.argv[2], configs=[TRITON_TUTORIAL_TMA.configs[int(sys.argv[3])]]))
+"""
+TUTORIAL_DEFECTS = [("head_row = off_hz * N_CTX", "head_row = off_hz // H + off_hz % H * N_CTX", 0, "address",
+                     "[batch_indexing]"),
+                    ('s, float("-inf"))', "s, -1.0e6)", 1, "masking", "scale=1000000.0")]
 
 
 @pytest.mark.skipif(os.environ.get("ATTNFORMAL_TTIR_TARGET", "cuda") != "cuda",
                     reason="host tensor descriptors: lowered for CUDA here")
-def test_a_third_party_refutation_replays_on_its_host(tmp_path, monkeypatch):
+@pytest.mark.parametrize("old, new, config, theorem, shown", TUTORIAL_DEFECTS, ids=["batch offset", "finite fill"])
+def test_a_third_party_refutation_replays_on_its_host(tmp_path, monkeypatch, old, new, config, theorem, shown):
     planted, shipped = tmp_path / "planted", tmp_path / "shipped"
-    for folder, text in ((planted, DESCRIPTOR.read_text().replace(*TUTORIAL_OFFSET)), (shipped, DESCRIPTOR.read_text())):
+    assert DESCRIPTOR.read_text().count(old) == 1
+    for folder, text in ((planted, DESCRIPTOR.read_text().replace(old, new)), (shipped, DESCRIPTOR.read_text())):
         folder.mkdir()
         (folder / "06-fused-attention.py").write_text(text)
-    assert (planted / "06-fused-attention.py").read_text() != DESCRIPTOR.read_text()
-    proved = _run([sys.executable, "-c", TUTORIAL_CHILD, str(planted / "06-fused-attention.py:_attn_fwd_tma"), "repro"],
-                  tmp_path, interpreted=False)
+    proved = _run([sys.executable, "-c", TUTORIAL_CHILD, str(planted / "06-fused-attention.py:_attn_fwd_tma"), "repro",
+                   str(config)], tmp_path, interpreted=False)
     assert proved.returncode == 1, proved.stdout + proved.stderr
-    replays = re.findall(r"replay: ATTNFORMAL_KERNEL_FILE=(\S+) (python -m attnformal\.verify --impl \S+ --replay "
-                         r"\S+address\S+)", proved.stdout)
+    replays = re.findall(rf"replay: ATTNFORMAL_KERNEL_FILE=(\S+) (python -m attnformal\.verify --impl \S+ --replay "
+                         rf"\S+{theorem}\S+)", proved.stdout)
     assert replays and all(file == str(planted / "06-fused-attention.py") for file, _ in replays), proved.stdout
     command = [sys.executable, *replays[0][1].split()[1:]]
     assert command[command.index("--impl") + 1] == "attnformal.examples.triton_tutorial:attention_tma"
@@ -88,8 +97,8 @@ def test_a_third_party_refutation_replays_on_its_host(tmp_path, monkeypatch):
 
     replayed = replay(planted)
     assert replayed.returncode == 1 and "result: FAIL" in replayed.stdout, replayed.stdout + replayed.stderr
-    assert "[float16]" in replayed.stdout and "[batch_indexing]" in replayed.stdout, replayed.stdout
-    control = replay(shipped)  # the same case on the kernel with the right batch offset
+    assert "[float16]" in replayed.stdout and shown in replayed.stdout, replayed.stdout
+    control = replay(shipped)  # the same case on the kernel without the defect
     assert control.returncode == 0 and "result: pass" in control.stdout, control.stdout + control.stderr
     monkeypatch.delenv("ATTNFORMAL_KERNEL_FILE")
     untold = _run(command, tmp_path, interpreted=True)

@@ -76,9 +76,14 @@ def test_its_causal_mask_is_top_left_not_flash_attn_funcs_bottom_right():
     assert [status for status, *_ in _prove("masking,coverage", GENERAL)] == ["proved"] * 3
 
 
-def test_merge_is_reported_unknown_not_skipped():
-    (status, claim, detail, _), = _prove("merge", GENERAL)
-    assert status == "unknown" and "lse_i" in detail
+@pytest.mark.parametrize("config", [GENERAL, CAUSAL])
+def test_its_log_sum_exp_merge_means_the_spec_merge(config):
+    """The kernel carries (acc_o, lse_i, m_i) and reads acc's rescale back from TMP: its state stands for the spec's
+    (m, exp(lse - m), acc), and each iteration means the spec's merge (real arithmetic, TMP read back assumed)."""
+    unit, step = _prove("merge", config)
+    loop = _line("for start_n in range(0, end_n, BLOCK_N):")
+    assert unit[0] == "proved" and "starts from the unit (acc, lse, m: iter_args" in unit[1], unit
+    assert step[0] == "proved" and f"after an iteration of the loop at {loop} means what" in step[1], step
 
 
 PLANTED = [  # (name, old, new, theorem, launch, config, what a refuted claim names: a line's text, or words)
@@ -90,6 +95,10 @@ PLANTED = [  # (name, old, new, theorem, launch, config, what a refuted claim na
      "masking", "FLASH_ATTN_TRITON", GENERAL, "m_ij = tl.maximum(tl.max(qk, 1) * softmax_scale, lse_i)"),
     ("Out without its batch offset", "        + off_b * stride_ob\n", "",
      "writes", "FLASH_ATTN_TRITON", GENERAL, "store the same Out element"),
+    ("acc not rescaled", "acc_o = acc_o * acc_o_scale[:, None]", "acc_o = acc_o * 1.0",
+     "merge", "FLASH_ATTN_TRITON", GENERAL, "for start_n in range(0, end_n, BLOCK_N):"),
+    ("lse without its log", "lse_i = m_ij + tl.log(l_i_new)", "lse_i = m_ij + l_i_new",
+     "merge", "FLASH_ATTN_TRITON", GENERAL, "for start_n in range(0, end_n, BLOCK_N):"),
 ]
 
 

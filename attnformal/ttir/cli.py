@@ -6,7 +6,6 @@ third-party kernel as its own host does (``ATTNFORMAL_KERNEL_FILE=FILE.py verify
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import sys
 
@@ -68,9 +67,10 @@ def refutation_case(proof, launch, config, target: str, folders, number: int = 0
     from attnformal.verify.cases import random_case, shape
     from attnformal.verify.replay import write_reproducer
 
-    if "valuation" in (proof.countermodel or {}):
+    countermodel = proof.countermodel or {}
+    if "valuation" in countermodel:
         return "no case: the refutation is at chosen values, which a random case does not reproduce"
-    sizes = {name: int(value) for name, value in (proof.countermodel or {}).items() if name in launch.sizes}
+    sizes = {name: int(value) for name, value in countermodel.items() if name in launch.sizes}
     needed = ("B", "Hq", "Hkv", "Sq", "Sk", "D", "Dv")
     if any(name not in sizes for name in needed):
         return "no case: the refutation shows no complete launch"
@@ -85,9 +85,8 @@ def refutation_case(proof, launch, config, target: str, folders, number: int = 0
         env = f"{KERNEL_FILE_ENV}={shlex.quote(os.path.abspath(where))} "
     kwargs = {"causal": launch.geometry({"Sq": sq, "Sk": sk}, config).causal,  # the mode the launch holds it to
               "softcap": 4.0 if config.get("HAS_SOFTCAP") else None}
-    fill = re.search(r"the fill (\S+) is finite", proof.detail or "")
-    if fill:  # a finite mask fill shows once the scores spread past it: scores scaled up to its size
-        kwargs["scale"] = abs(float(fill.group(1)))
+    if "fill" in countermodel:  # a finite mask fill shows once the scores spread past it: scores scaled to its size
+        kwargs["scale"] = abs(float(countermodel["fill"]))
     case = random_case(f"ttir-{kernel}", shape(batch=b, heads_q=hq, heads_kv=hkv, len_q=sq, len_k=sk, head_dim=d,
                                                head_dim_v=dv), DTYPES[launch.dtype], "cpu", seed,
                        grad=launch.backward, **kwargs)

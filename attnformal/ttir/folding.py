@@ -399,8 +399,9 @@ class Concrete:
         kind = tree[0]
         if kind in ("const", "ln2"):
             return t(tree[1] if kind == "const" else math.log(2))
-        if kind == "load" and self.read_back(tree) is not None:
-            return self.value(self.read_back(tree))
+        stored = self.read_back(tree) if kind == "load" else None
+        if stored is not None:
+            return self.value(stored)
         if kind in ("param", "opaque", "load"):
             lane = self.lane(tree[2]) if kind != "param" else ()
             return t(self.fill(tree, lane))
@@ -486,6 +487,12 @@ class Reals:
         self.sp, self.comparisons, self.depth, self.keys, self.names = sympy, comparisons, 0, {}, {}
         self.assume = tuple(assume)  # (Z3 Bool, its value): an ``if``'s condition, for a case of the theorem
         self.read_back = read_back  # a load node -> the value stored there, where the launch says it reads it back
+        self.reals = {"arith.addf": lambda a, b: a + b, "arith.subf": lambda a, b: a - b,
+                      "arith.mulf": lambda a, b: a * b, "arith.divf": lambda a, b: a / b, "arith.negf": lambda a: -a,
+                      "arith.maxnumf": sympy.Max, "arith.minnumf": sympy.Min, "math.exp": sympy.exp,
+                      "math.exp2": lambda a: sympy.exp(a * sympy.log(2)), "math.log": sympy.log,
+                      "math.log2": lambda a: sympy.log(a) / sympy.log(2),
+                      "arith.truncf": lambda a: a, "arith.extf": lambda a: a}
 
     def symbol(self, key):
         if key not in self.keys:
@@ -501,8 +508,9 @@ class Reals:
             if not math.isfinite(tree[1]):
                 raise Unsupported(f"the constant {tree[1]} in real arithmetic", "the merge theorem")
             return sp.Rational(tree[1])
-        if kind == "load" and self.read_back(tree) is not None:
-            return self.value(self.read_back(tree))
+        stored = self.read_back(tree) if kind == "load" else None
+        if stored is not None:
+            return self.value(stored)
         if kind in ("param", "opaque", "load"):
             return self.symbol(_key(tree))
         if kind == "select":
@@ -522,15 +530,9 @@ class Reals:
         raise Unsupported(f"float value {kind}", "the merge theorem")
 
     def operation(self, name, args):
-        sp = self.sp
-        reals = {"arith.addf": lambda a, b: a + b, "arith.subf": lambda a, b: a - b, "arith.mulf": lambda a, b: a * b,
-                 "arith.divf": lambda a, b: a / b, "arith.negf": lambda a: -a, "arith.maxnumf": sp.Max,
-                 "arith.minnumf": sp.Min, "math.exp": sp.exp, "math.exp2": lambda a: sp.exp(a * sp.log(2)),
-                 "math.log": sp.log, "math.log2": lambda a: sp.log(a) / sp.log(2),
-                 "arith.truncf": lambda a: a, "arith.extf": lambda a: a}
-        if name not in reals:
+        if name not in self.reals:
             raise Unsupported(f"float op {name} in real arithmetic", "the merge theorem")
-        return reals[name](*args)
+        return self.reals[name](*args)
 
     def truth(self, cond):
         """A select's condition where real arithmetic decides it (the spec's ``m == -inf`` guard: false) or the case

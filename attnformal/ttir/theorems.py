@@ -188,14 +188,21 @@ def _shrunk(solver, setting, budget):
         for tighter in (2, 16):
             if model.eval(size, model_completion=True).as_long() <= tighter:
                 break
-            solver.push()
-            solver.add(size <= tighter)
-            verdict, _ = budget.check(solver, share=0.05)
-            if verdict == z3.sat:
-                model = solver.model()
-            solver.pop()
-            if verdict == z3.sat:
+            smaller = _model_with(solver, size <= tighter, budget)
+            if smaller is not None:
+                model = smaller
                 break
+    return model
+
+
+def _model_with(solver, fact, budget):
+    """A model of the solver's query and ``fact`` (within a small share of the budget), or None; the solver is
+    left as it was."""
+    solver.push()
+    solver.add(fact)
+    verdict, _ = budget.check(solver, share=0.05)
+    model = solver.model() if verdict == z3.sat else None
+    solver.pop()
     return model
 
 
@@ -494,8 +501,9 @@ def _masking_at(setting, source, what, loop, path, limits):
                    goal, setting, limits, _lane_shown(lane) + [("i", i), ("j", j), ("score kept", kept.raw)],
                    context=_masking_context(setting, i, j, loop))
     finite = [v for v in kept.fills if v != -math.inf]
-    if proof.status == REFUTED and finite:
-        proof = proof.but(detail=_finite_fill_detail(finite[0]))
+    if proof.status == REFUTED and finite:  # the fill in the countermodel too: a replayed case scales scores to it
+        proof = proof.but(detail=_finite_fill_detail(finite[0]), countermodel={**(proof.countermodel or {}),
+                                                                               "fill": f"{finite[0]:g}"})
     return proof
 
 
@@ -702,8 +710,11 @@ def _merge_loop(setting, fold, loop, scores, scores_at, limits, after):
         yield Proof(f"merge: the loop at {first.loc} carries ({names})", TOOL, UNKNOWN, detail=stores)
         return None
     tiles = LoopTiles(setting, loop, scores)
+    decided = None  # the real-arithmetic step, where the search for the iter_args' places has decided it
     if fold.means is not None and not fold.stored:  # named by what they mean: iter_args in any order
-        order = next((p for p in itertools.permutations(order) if _means_alike(setting, fold, loop, tiles, p)), order)
+        order, decided = next(((p, cases) for p in itertools.permutations(order)
+                               for cases in [_real_meaning(setting, fold, loop, tiles, p)] if cases and cases[0]),
+                              (order, None))
         names = f"{names}: iter_args {', '.join(map(str, order))}"
     carried = {id(each): [each.carried[p] for p in order] for each in chain}
     results = {id(each): [each.results[p] for p in order] for each in chain}
@@ -746,26 +757,28 @@ def _merge_loop(setting, fold, loop, scores, scores_at, limits, after):
         got = fold.means(*(folding.TreeTile.rows(yielded) for _, _, yielded in carried[id(loop)]))
         yield _decide_real(f"merge: ({names}) after an iteration of the loop at {loop.loc} means what {fold.says} "
                            f"means -- the same out = acc / l and lse = m + log l -- in real arithmetic (s: the scores "
-                           f"{scores_at}; reads {reads})", _meaning(got), _meaning(want), setting, limits, search)
-        return order
-    for name, stored, (_, _, yielded), expected in zip(fold.carried, stores, carried[id(loop)], want):
-        yield _decide_lanes(f"merge: {name}{stored} after an iteration of the loop at {loop.loc} is {fold.says}.{name}, "
-                            f"op for op (s: the scores {scores_at}; reads {reads})",
-                            [yielded], [expected], ieee, _iterating(loop), setting, limits, search)
+                           f"{scores_at}; reads {reads})", _meaning(got), _meaning(want), setting, limits, search,
+                           decided)
+    else:
+        for name, stored, (_, _, yielded), expected in zip(fold.carried, stores, carried[id(loop)], want):
+            yield _decide_lanes(f"merge: {name}{stored} after an iteration of the loop at {loop.loc} is "
+                                f"{fold.says}.{name}, op for op (s: the scores {scores_at}; reads {reads})",
+                                [yielded], [expected], ieee, _iterating(loop), setting, limits, search)
     return order
 
 
-def _means_alike(setting, fold, loop, tiles, order):
-    """Whether the values ``loop`` carries at positions ``order``, read as the fold's, mean after an iteration what
-    the spec's update of them means, in real arithmetic, in every case of the body's ifs."""
+def _real_meaning(setting, fold, loop, tiles, order):
+    """:func:`_real_cases` of the values ``loop`` carries at positions ``order``, read as the fold's: what they
+    mean after an iteration against what the spec's update of them means; None where values of other shapes sit
+    in those places."""
     def tiles_of(which):
         return tuple(folding.TreeTile.rows(loop.carried[p][which]) for p in order)
     try:
         kernel = _meaning(fold.means(*tiles_of(2)))
         spec = _meaning(fold.update(fold.means(*tiles_of(1)), tiles, setting.config))
-        return _real_cases(setting, loop, zip(kernel, spec))[0]
-    except (Unsupported, ValueError, TypeError):  # values of other shapes in those places
-        return False
+        return _real_cases(setting, loop, zip(kernel, spec))
+    except (Unsupported, ValueError, TypeError):
+        return None
 
 
 def _real_cases(setting, loop, pairs):
@@ -834,14 +847,15 @@ REAL_ASSUMED = ("real arithmetic: exp2(x) = exp(x ln 2), conversions exact, ever
 REAL_SEPARATION = 1e-6  # a relative difference that float64 evaluation of both sides cannot come from rounding
 
 
-def _decide_real(claim, kernel, spec, setting, limits, search):
+def _decide_real(claim, kernel, spec, setting, limits, search, decided=None):
     """Each pair of tiles equal on every lane in real arithmetic, for every value of what they load and carry:
     proved where their normal forms agree (:class:`folding.Reals`); refuted where float64 evaluations at one of two
-    standard-normal valuations differ by more than REAL_SEPARATION relative (rounding cannot), else unknown."""
+    standard-normal valuations differ by more than REAL_SEPARATION relative (rounding cannot), else unknown.
+    ``decided``: their :func:`_real_cases`, where already computed."""
     start = time.perf_counter()
     loop, loads, unit = search
     try:
-        equal, trees, ranges, lanes, branches = _real_cases(setting, loop, zip(kernel, spec))
+        equal, trees, ranges, lanes, branches = decided or _real_cases(setting, loop, zip(kernel, spec))
     except Unsupported as why:
         return Proof(claim, TOOL, UNKNOWN, detail=str(why))
     if equal:

@@ -159,6 +159,7 @@ class IEEE:
         self.comparisons = trace.comparisons
         self.sort = {16: z3.FloatHalf(), 32: z3.Float32(), 64: z3.Float64()}[width]
         self.depth = 0  # of bound variables: one per nested reduction or dot
+        self._conditions = {}  # a select's Z3 condition's id -> (condition, its IEEE reading): shared DAGs read once
 
     def leaf(self, name, lane):
         return z3.Function(name, *[z3.IntSort()] * len(lane), self.sort)(*lane)
@@ -174,7 +175,7 @@ class IEEE:
             return self.leaf(f"carried_{tree[1]}", tree[2])
         if kind == "load":
             access, lane = tree[1], tree[2]
-            return self.leaf(f"{access.arg}@{access.loc}#{id(access)}", lane)
+            return self.leaf(f"{access.arg}#{access.number}", lane)
         if kind == "select":
             return z3.If(self.condition(tree[1]), self.value(tree[2]), self.value(tree[3]))
         if kind == "op":
@@ -198,8 +199,10 @@ class IEEE:
         """A select's condition: the spec's ``("cmpf", ...)``, or a Z3 Bool whose cmpf lanes are read as IEEE."""
         if isinstance(cond, tuple):
             return _PREDICATES[cond[1]](self.value(cond[2]), self.value(cond[3]))
-        pairs = [(app, self.compare(app)) for app in _applications(cond, self.comparisons)]
-        return z3.substitute(cond, *pairs) if pairs else cond
+        if cond.get_id() not in self._conditions:
+            pairs = [(app, self.compare(app)) for app in _applications(cond, self.comparisons)]
+            self._conditions[cond.get_id()] = cond, z3.substitute(cond, *pairs) if pairs else cond
+        return self._conditions[cond.get_id()][1]
 
     def compare(self, app):
         predicate, a, b = self.comparisons[app.decl().name()]
@@ -594,7 +597,7 @@ def _key(tree, depth=0):
     if kind == "param":
         return f"param {tree[1]}"
     if kind in ("opaque", "load"):
-        name = f"carried {tree[1]}" if kind == "opaque" else f"load {tree[1].arg}#{id(tree[1])}"
+        name = f"carried {tree[1]}" if kind == "opaque" else f"load {tree[1].arg}#{tree[1].number}"
         return f"{name}[{', '.join(str(z3.simplify(x)) for x in tree[2])}]"
     if kind == "select":
         condition = _key(tree[1], depth) if isinstance(tree[1], tuple) else z3.simplify(tree[1])

@@ -118,6 +118,7 @@ class Access:
     path: list  # Z3 Bools under which the access executes (enclosing if/for conditions)
     value: Tensor | None = None  # what a store writes, what a load returns
     loop: Loop | None = None  # the innermost scf.for around it
+    number: int = 0  # its place in the trace: names its loaded values the same in every run (an id() would not)
 
 
 @dataclass
@@ -542,7 +543,7 @@ def _load(interp, op, env, path):
         other = env[names[2]] if len(names) > 2 else None
     shape, kind = pointer.shape, Kind(_pointee_kind(op), pointer.kind.width)
     access = Access("load", pointer.at(tuple(z3.IntVal(0) for _ in shape)).arg, pointer, mask, op.loc, list(path),
-                    loop=interp.loop())
+                    loop=interp.loop(), number=len(interp.trace.accesses))
 
     def at(lane):
         ptr = pointer.at(lane)
@@ -618,7 +619,8 @@ def _store(interp, op, env, path):
     else:
         mask = env[names[2]] if len(names) > 2 else None
     arg = pointer.at(tuple(z3.IntVal(0) for _ in pointer.shape)).arg
-    interp.trace.accesses.append(Access("store", arg, pointer, mask, op.loc, list(path), value, interp.loop()))
+    interp.trace.accesses.append(Access("store", arg, pointer, mask, op.loc, list(path), value, interp.loop(),
+                                        len(interp.trace.accesses)))
     return []
 
 

@@ -138,9 +138,10 @@ class Limits:
         return Budget(seconds=self.seconds, rlimit=self.units)
 
 
-def decide(claim, hypotheses, goal, setting, limits, show=(), context=None) -> Proof:
+def decide(claim, hypotheses, goal, setting, limits, show=(), context=None, premise=()) -> Proof:
     """``hypotheses => goal`` for all values: unsat of its negation (with the tables' contracts). A refutation
-    shows the smallest launch found (:func:`_small_counterexample`)."""
+    shows the smallest launch found (:func:`_small_counterexample`). A proof is vacuous when the hypotheses and
+    ``premise`` (facts the goal assumes inside itself) have no model."""
     start = time.perf_counter()
     base = setting.facts + list(hypotheses)
     tables = setting.table_facts(base + [goal], context)
@@ -151,7 +152,8 @@ def decide(claim, hypotheses, goal, setting, limits, show=(), context=None) -> P
         if verdict != z3.unknown:
             break
     if verdict == z3.unsat:
-        return _unless_vacuous(Proof(claim, TOOL, PROVED, **_spent(setting, start, budget)), base + tables, limits)
+        return _unless_vacuous(Proof(claim, TOOL, PROVED, **_spent(setting, start, budget)), base + tables + list(premise),
+                               limits)
     model = _small_counterexample(base + tables + [z3.Not(goal)], setting, budget)
     if model is None and verdict == z3.sat:
         model = solver.model()
@@ -238,17 +240,55 @@ def _shown(setting, extra):
 # ------------------------------------------------------------------------ the theorems
 
 def no_wrap(setting, limits):
+    """Each int op's result fits its width. The ops of one loop are first proved in one query, with one premise
+    check (a model of all their premises at once is one of each), within a small budget; if that fails, each is
+    decided alone within the full one."""
+    loops = {}
     for record in setting.trace.no_wrap:
+        loops.setdefault((id(record.loop), record.loc), []).append(record)
+    proved = {}
+    for records in loops.values():
+        proved.update(_no_wrap_together(setting, records, limits))
+    for record in setting.trace.no_wrap:
+        yield proved[id(record)] if id(record) in proved else _no_wrap_alone(setting, record, limits)
+
+
+TOGETHER_UNITS = RLIMIT_UNIT  # for the query of one loop's no-wrap claims: twice what an easy loop takes (0.5 M)
+
+
+def _no_wrap_claim(record):
+    return f"no-wrap: {record.what} at {record.loc}"
+
+
+def _no_wrap_alone(setting, record, limits):
+    lane, ranges = setting.lane(record.shape)
+    claim, hypotheses, context = _no_wrap_claim(record), ranges + record.path, _table_context(setting, record.loop)
+    termwise = _termwise(record, lane)
+    if termwise is not None:
+        proof = decide(claim, hypotheses, termwise, setting, limits, context=context)
+        if proof.status == PROVED:
+            return proof
+    return decide(claim, hypotheses, record.holds(lane), setting, limits, _lane_shown(lane), context=context)
+
+
+def _no_wrap_together(setting, records, limits):
+    """``{id(record): Proof}`` of the records (of one loop) if one query proves them all, else ``{}``."""
+    if len(records) < 2:
+        return {}
+    premises, failures = [], []
+    for record in records:
         lane, ranges = setting.lane(record.shape)
-        claim, hypotheses, context = f"no-wrap: {record.what} at {record.loc}", ranges + record.path, \
-            _table_context(setting, record.loop)
-        termwise = _termwise(record, lane)
-        if termwise is not None:
-            proof = decide(claim, hypotheses, termwise, setting, limits, context=context)
-            if proof.status == PROVED:
-                yield proof
-                continue
-        yield decide(claim, hypotheses, record.holds(lane), setting, limits, _lane_shown(lane), context=context)
+        premises.append(z3.And(ranges + record.path))
+        failures.append(z3.And(premises[-1], z3.Not(record.holds(lane))))
+    small = Limits(units=min(limits.units, TOGETHER_UNITS), seconds=limits.seconds)
+    proof = decide(f"{len(records)} no-wrap claims", [], z3.Not(z3.Or(failures)), setting, small,
+                   context=_table_context(setting, records[0].loop), premise=premises)
+    if proof.status != PROVED:
+        return {}
+    detail = f"in one query with {len(records) - 1} other no-wrap claims of its loop " \
+             f"({proof.rlimit / RLIMIT_UNIT:.1f} M units, {proof.seconds:.2f} s for all)"
+    return {id(r): proof.but(claim=_no_wrap_claim(r), detail=detail, seconds=proof.seconds / len(records),
+                             rlimit=proof.rlimit // len(records)) for r in records}
 
 
 def _termwise(record, lane):

@@ -6,6 +6,8 @@ that hashes everything its verdict can depend on:
 * the text of the obligation's module and of every project module it imports, followed
   through their imports (:func:`dependencies`; a module's parent packages count by their own
   text: ``from attnformal.proofs import gqa`` does not make every obligation a dependency);
+* the modules an obligation names in ``DEPENDS_ON`` (a kernel it lowers in a child Python, never importing it),
+  with their imports;
 * for an obligation that proves schedules, the kernels' schedule modules and the schedules
   named on the command line;
 * the Python, Z3, SymPy, torch, triton and numpy versions and the budget (``--budget``: an
@@ -139,7 +141,7 @@ class VerdictCache:
         if not inspect.ismodule(module) or _origin(module.__name__) is None:
             return None
         digest = hashlib.sha256()
-        named = [module.__name__]
+        named = [module.__name__, *getattr(module, "DEPENDS_ON", ())]  # modules it reads without importing them
         schedules = []
         if getattr(module, "PROVES_SCHEDULES", False):
             named += list(self.kernel_modules)

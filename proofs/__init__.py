@@ -13,22 +13,21 @@ claims use the independent meaning modules, ``mask_meaning`` and ``meaning``, in
 from attnformal.proofs import (backward, floating_point, gqa, launch, loop_invariant, mask_semantics, masked_rows,
                                merge_correctness, monoid, npu_masks, sinks, splits, tile_classification,
                                tile_classification_slow, tile_contiguity_slow, varlen, vocabulary)
-from attnformal.proofs import head_tensors, score_bias
+from attnformal.proofs import head_tensors, score_bias, triton_kernels
 
 OBLIGATIONS = (merge_correctness, monoid, loop_invariant, masked_rows, tile_classification, gqa, backward,
                floating_point, npu_masks, mask_semantics, splits, launch, vocabulary, tile_classification_slow,
-               tile_contiguity_slow, varlen, sinks, score_bias, head_tensors)
+               tile_contiguity_slow, varlen, sinks, score_bias, head_tensors, triton_kernels)
 
 # What the obligations take on trust: the report's "trusted, not proved" section, with what is
 # checked only on bounded domains and the axioms the proofs used (both read off the results).
 TRUSTED = (
     "The Triton kernels' in-kernel copies of the spec -- `_merge`, `_finite_shift`, "
-    "`_kv_head_of`, `_first_query_head` in kernels/triton_flash.py -- are tested against the spec on every "
-    "(i, j) of many shapes (tests/kernels/test_triton_flash.py) and proved only through `make prove-triton` "
-    "(docs/ttir.md), a target of its own: from the three kernels' compiled TTIR, their integer arithmetic, "
-    "addresses (so the head maps), bounds, masking (the spec's key interval, handed over as row tables: "
-    "obligation 12 (c)), block coverage and writes, and the forward's key loop "
-    "as the spec's merge op for op in IEEE float32 (exp uninterpreted). The backward's sums and every "
+    "`_kv_head_of`, `_first_query_head` in kernels/triton_flash.py -- are proved through the three kernels' "
+    "compiled TTIR (obligation 20, docs/ttir.md): their integer arithmetic, addresses (so the head maps), bounds, "
+    "masking (the spec's key interval, handed over as row tables: obligation 12 (c)), block coverage and writes, "
+    "and the forward's key loop as the spec's merge op for op in IEEE float32 (exp uninterpreted); trusted there: "
+    "Triton's lowering after TTIR and the hardware. The backward's sums (their association) and every "
     "kernel's accumulation error are tested against the float64 oracle; the torch and ring kernels' fold "
     "is `kernels.split_kv.fold_row` (obligations 11 (e) and 17); every other kernel's loads and offsets "
     "are tested.",

@@ -35,7 +35,7 @@ BLOCK_TIMEOUT_S = 1200  # a hang guard, not a speed limit: a loaded machine may 
 NOISE = ("USDT", "Warning", "warnings.warn")  # third-party lines a user would have to learn to ignore
 # The blocks not run here, each for its reason; a new skip must be added here on purpose.
 DELIBERATE_SKIPS = {"make prove   # the proofs: python -m attnformal.prove": "the suite",
-                    "make prove-triton   # python -m attnformal.prove --triton "
+                    "make prove-triton   # one claim a line: python -m attnformal.prove --triton "
                     "attnformal.kernels.triton_flash:_attn_fwd --triton ...:_attn_bwd_dq "
                     "--triton ...:_attn_bwd_dkdv": "the suite",
                     "python3 -m venv  .venv": "make -n"}

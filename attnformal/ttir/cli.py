@@ -48,7 +48,7 @@ def prove_triton(target: str, limits: Limits = Limits(), out=sys.stdout, repro_d
     folders = None if repro_dir is None else ReproFolders(repro_dir)
     print(f"kernel {target}" + ("" if compiler == "cuda" else f" (TTIR of the {compiler} front end)"), file=out)
     for config, proofs in prove_launch(launch, fn=fn, limits=limits, configs=configs, target=compiler):
-        print(f"config {_named(config)}", file=out)
+        print(f"config {config_name(config)}", file=out)
         for number, proof in enumerate(proofs):
             ok &= proof.status == PROVED
             extra = proof.detail or (proof.countermodel or "")
@@ -101,7 +101,7 @@ def refutation_case(proof, launch, config, target: str, folders, number: int = 0
 _MODES = ("CAUSAL", "IS_CAUSAL", "STAGE")  # the constexprs that name a kernel's causal mode
 
 
-def _named(config: dict) -> str:
+def config_name(config: dict) -> str:
     """``CAUSAL=2 HAS_SOFTCAP``: the causal mode and the feature flags that are on (the configurations differ there)."""
     return " ".join([f"{name}={config[name]}" for name in _MODES if name in config]
                     + [name for name, value in config.items() if value is True and name not in _MODES])

@@ -103,6 +103,16 @@ def test_every_line_of_every_file_an_obligation_imports_is_in_its_key(monkeypatc
     assert _key("gqa") == original and _key("gqa", budget=1) != original  # and the budget
 
 
+def test_a_kernel_an_obligation_lowers_without_importing_it_is_in_its_key(monkeypatch):
+    # obligation 20 lowers kernels/triton_flash.py in a child Python: its DEPENDS_ON puts the file in the key
+    path = proofcache._origin("attnformal.kernels.triton_flash")
+    assert "attnformal.kernels.triton_flash" in proofcache.dependencies("attnformal.kernels.triton_flash")
+    original, unrelated, read = _key("triton_kernels"), _key("gqa"), proofcache.Path.read_bytes
+    monkeypatch.setattr(proofcache.Path, "read_bytes", lambda self: read(self) + b"#" if self == path else read(self))
+    assert _key("triton_kernels") != original
+    assert _key("gqa") == unrelated  # an obligation that does not name it is not keyed by it
+
+
 def test_on_a_terminal_each_obligation_is_shown_as_it_finishes():
     controller, terminal = pty.openpty()
     process = subprocess.Popen([sys.executable, "-m", "attnformal.prove", "--only", "gqa", "--no-cache"],

@@ -1,10 +1,9 @@
 """flash_attn_triton's forward kernel (examples/flash_attn_triton.py) proven from its TTIR: what it gets right for
 every shape and stride, and its known defects refuted with their lines, and bugs planted in copies refuted.
 
-Each check runs in a child Python without ``TRITON_INTERPRET`` (lowering needs Triton's compiler).
+Each check runs in a child Python without ``TRITON_INTERPRET`` (lowering needs Triton's compiler: attnformal.ttir.child).
 """
 
-import json
 import os
 import pathlib
 import subprocess
@@ -13,27 +12,16 @@ import sys
 import pytest
 
 pytest.importorskip("triton")
+from attnformal.ttir import child  # noqa: E402
 
 EXAMPLE = pathlib.Path(__file__).parents[2] / "examples" / "flash_attn_triton.py"
-CHILD = """
-import json, sys
-from attnformal.ttir import launch
-from attnformal.ttir.theorems import load_attr, prove_launch
-described = getattr(launch, sys.argv[2])
-(config, proofs), = prove_launch(described, fn=load_attr(sys.argv[1] + ":_fwd_kernel"), theorems=sys.argv[3].split(","),
-                                 configs=[described.configs[int(sys.argv[4])]])
-print(json.dumps([[p.status, p.claim, p.detail, p.countermodel] for p in proofs]))
-"""
 GENERAL, EVEN = 0, 7  # FLASH_ATTN_TRITON.configs: EVEN_M, EVEN_N, EVEN_HEADDIM all False / all True, not causal
 CAUSAL = 8  # the same as GENERAL with IS_CAUSAL
 
 
 def _prove(theorems, config, launch="FLASH_ATTN_TRITON", source=EXAMPLE):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    done = subprocess.run([sys.executable, "-c", CHILD, str(source), launch, theorems, str(config)],
-                          capture_output=True, text=True, env=env, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    (answer,) = child.prove([child.Request(launch, f"{source}:_fwd_kernel", tuple(theorems.split(",")), (config,))])
+    return [[p.status, p.claim, p.detail, p.countermodel] for _, proofs in answer for p in proofs]
 
 
 def _line(needle, text=None):

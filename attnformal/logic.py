@@ -88,6 +88,10 @@ class Proof:
     def but(self, **changes) -> Proof:
         return dataclasses.replace(self, **changes)
 
+    def portable(self) -> Proof:
+        """Without Z3 models, which do not cross process boundaries (nor do those of its lemmas)."""
+        return self.but(model=None, by=tuple(lemma.portable() for lemma in self.by))
+
     def to_json(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("model", "by")}
         out["countermodel"] = dict(self.countermodel) if self.countermodel is not None else None

@@ -133,7 +133,7 @@ def _run_checks(number, module, settings):
     except Exception:  # an obligation that crashes is unknown, with the reason
         checks = [Proof(f"obligation {number} ran", "python", UNKNOWN, detail=traceback.format_exc(limit=4))]
     return ObligationResult(number, module.__name__.rsplit(".", 1)[-1], module.TITLE, module.__doc__ or "",
-                            [_portable(p) for p in checks], time.perf_counter() - start, budget.used)
+                            [p.portable() for p in checks], time.perf_counter() - start, budget.used)
 
 
 def _run_controls(number, module, settings):
@@ -144,13 +144,8 @@ def _run_controls(number, module, settings):
         except Exception:
             proof = Proof(control.name, "python", UNKNOWN, detail=traceback.format_exc(limit=4))
         results.append(ControlResult(number, control.name, control.breaks, control.replaces,
-                                     getattr(control, "expect", REFUTED), _portable(proof)))
+                                     getattr(control, "expect", REFUTED), proof.portable()))
     return results
-
-
-def _portable(proof: Proof) -> Proof:
-    """Without Z3 models, which do not cross process boundaries (nor do those of its lemmas)."""
-    return proof.but(model=None, by=tuple(_portable(lemma) for lemma in proof.by))
 
 
 def _run_both(number, module, settings):

@@ -34,7 +34,7 @@ import importlib.util
 from attnformal.logic import RLIMIT_UNIT, UNKNOWN, Budget, Proof, Settings
 from attnformal.ttir import child
 from attnformal.ttir.cli import config_name
-from attnformal.ttir.planted import FLASH, PlantedBug, function_span, plant
+from attnformal.ttir.planted import PlantedBug, function_span, plant
 from attnformal.ttir.theorems import TOOL, Limits
 
 TITLE = "Triton kernels from their compiled TTIR"
@@ -66,17 +66,14 @@ def checks(settings: Settings, budget: Budget):
 NOT_CAUSAL, BOTTOM_RIGHT = 0, 2
 
 
-def _visit_last_block_again(loop):
-    """After the key loop, the same body over the range's last block (the diagonal one under causal)."""
+def _visit_last_block_again(text):
+    """After the forward's key loop, the same body over the range's last block (the diagonal one under causal)."""
+    forward = text[slice(*function_span(text, "_attn_fwd"))]
+    loop = forward[forward.index("    for bn in range("):forward.index("\n\n    state_rows")]
     again = loop.replace("range(tl.load(split_range), tl.load(split_range + 1))",
                          "range(tl.maximum(tl.load(split_range), tl.load(split_range + 1) - 1), "
                          "tl.load(split_range + 1))")
-    return loop + "\n" + again
-
-
-def _key_loop():
-    forward = FLASH.read_text()[slice(*function_span(FLASH.read_text(), "_attn_fwd"))]
-    return forward[forward.index("    for bn in range("):forward.index("\n\n    state_rows")]
+    return plant(loop, loop + "\n" + again)(text)
 
 
 CONTROLS = (
@@ -99,7 +96,7 @@ CONTROLS = (
                "masking", "masking:", ("_tile_scores", "s = tl.where(allowed", 0), NOT_CAUSAL),
     PlantedBug("loop one block short", plant("tl.load(split_range + 1)):", "tl.load(split_range + 1) - 1):"),
                "coverage", "coverage:", ("_attn_fwd", "for bn in range(", 0), NOT_CAUSAL),
-    PlantedBug("diagonal block visited twice", lambda text: plant(_key_loop(), _visit_last_block_again)(text),
+    PlantedBug("diagonal block visited twice", _visit_last_block_again,
                "coverage", "coverage:", ("_attn_fwd", "for bn in range(", 1), BOTTOM_RIGHT),
     PlantedBug("overlapping split parts", plant("* num_splits + split) * 2", "* num_splits) * 2"),
                "coverage", "coverage:", ("_attn_fwd", "for bn in range(", 0), NOT_CAUSAL),

@@ -70,16 +70,11 @@ def _answer(requests: list[Request], limits: Limits) -> list:
     return answers
 
 
-def _portable(proof):
-    """Without Z3 models, which do not pickle (nor do its lemmas')."""
-    return proof.but(model=None, by=tuple(_portable(lemma) for lemma in proof.by))
-
-
 def main(argv: list[str]) -> int:
     asked, answered = argv
     with open(asked, "rb") as handle:
         requests, limits = pickle.load(handle)
-    answers = [[(config, [_portable(proof) for proof in proofs]) for config, proofs in answer]
+    answers = [[(config, [proof.portable() for proof in proofs]) for config, proofs in answer]
                for answer in _answer(requests, limits)]
     with open(answered, "wb") as handle:
         pickle.dump(answers, handle)

@@ -240,9 +240,9 @@ def _shown(setting, extra):
 # ------------------------------------------------------------------------ the theorems
 
 def no_wrap(setting, limits):
-    """Each int op's result fits its width. The ops of one loop are first proved in one query, with one premise
-    check (a model of all their premises at once is one of each), within a small budget; if that fails, each is
-    decided alone within the full one."""
+    """Each int op's result fits its width. The ops of one loop and source line are first proved in one query, with
+    one premise check (a model of all their premises at once is one of each), within a small budget; if that fails,
+    each is decided alone within the full one."""
     loops = {}
     for record in setting.trace.no_wrap:
         loops.setdefault((id(record.loop), record.loc), []).append(record)
@@ -253,7 +253,7 @@ def no_wrap(setting, limits):
         yield proved[id(record)] if id(record) in proved else _no_wrap_alone(setting, record, limits)
 
 
-TOGETHER_UNITS = RLIMIT_UNIT  # for the query of one loop's no-wrap claims: twice what an easy loop takes (0.5 M)
+TOGETHER_UNITS = RLIMIT_UNIT  # for the query of one loop and line's no-wrap claims: twice what an easy group takes
 
 
 def _no_wrap_claim(record):
@@ -272,7 +272,7 @@ def _no_wrap_alone(setting, record, limits):
 
 
 def _no_wrap_together(setting, records, limits):
-    """``{id(record): Proof}`` of the records (of one loop) if one query proves them all, else ``{}``."""
+    """``{id(record): Proof}`` of the records (of one loop and line) if one query proves them all, else ``{}``."""
     if len(records) < 2:
         return {}
     premises, failures = [], []
@@ -285,8 +285,9 @@ def _no_wrap_together(setting, records, limits):
                    context=_table_context(setting, records[0].loop), premise=premises)
     if proof.status != PROVED:
         return {}
-    detail = f"in one query with {len(records) - 1} other no-wrap claims of its loop " \
-             f"({proof.rlimit / RLIMIT_UNIT:.1f} M units, {proof.seconds:.2f} s for all)"
+    detail = f"in one query with {len(records) - 1} other no-wrap claims of its loop and line " \
+             f"({proof.rlimit / RLIMIT_UNIT:.1f} M units, {proof.seconds:.2f} s for all)" + \
+             (f"; {proof.detail}" if proof.detail else "")  # e.g. the premise check's own unknown
     return {id(r): proof.but(claim=_no_wrap_claim(r), detail=detail, seconds=proof.seconds / len(records),
                              rlimit=proof.rlimit // len(records)) for r in records}
 
